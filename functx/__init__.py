@@ -1,0 +1,42 @@
+"""functx: composable function transforms with the interface of torch.func,
+built on a stack of interpreters that lower onto jax.lax."""
+
+from . import core as _core  # noqa: F401  (the interpreter stack)
+from . import primitives as _primitives  # noqa: F401  (registers every rule)
+from . import numpy, lax, nn, random  # noqa: F401
+from . import _array_api  # noqa: F401  (operators and methods of functx values)
+from . import test_util  # noqa: F401
+from .errors import (
+    ConcretizationError,
+    EscapedTracerError,
+    FunctxError,
+    FunctxRuntimeError,
+    FunctxTypeError,
+    FunctxValueError,
+    JaxOnFunctxValueError,
+    MissingRuleError,
+)
+from .lifting import lift
+from .transforms import (
+    grad,
+    grad_and_value,
+    hessian,
+    hvp,
+    jacfwd,
+    jacrev,
+    jvp,
+    linearize,
+    vhp,
+    vjp,
+    vmap,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "grad", "grad_and_value", "vjp", "jvp", "linearize", "vmap", "jacrev", "jacfwd",
+    "hessian", "hvp", "vhp", "lift", "numpy", "lax", "nn", "random", "test_util",
+    "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
+    "EscapedTracerError", "MissingRuleError", "ConcretizationError",
+    "JaxOnFunctxValueError",
+]

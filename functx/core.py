@@ -1,0 +1,452 @@
+"""The heart of functx: abstract values, primitives, tracers and the
+interpreter stack.
+
+NOTE [levels]
+Every transform call pushes a fresh interpreter on a thread-local stack; its
+level is its depth in that stack. A tracer belongs to exactly one interpreter.
+`bind` hands a primitive to the highest-level interpreter among the tracers in
+its arguments; every other argument is, for that interpreter, a constant
+(its derivative is zero, it is not batched, ...). That single test
+(`tracer._interp is self` inside the interpreters) is the whole guard against
+perturbation confusion: in `grad(lambda x: grad(lambda y: x * y)(1.0))(2.0)`
+the inner grad sees `x` as a constant. When no argument is a tracer the
+primitive runs on the JAX values directly (interpreters/eval.py), so values
+at the bottom may be concrete arrays or JAX tracers.
+
+NOTE [escaped tracers]
+When a transform returns, its interpreter is marked dead. Any later `bind`
+that meets one of its tracers raises EscapedTracerError naming the transform,
+instead of silently treating a stale value as a constant.
+"""
+
+import contextlib
+import threading
+
+import jax
+import numpy as np
+from jax import dtypes as _jax_dtypes
+
+from .errors import (
+    ConcretizationError,
+    EscapedTracerError,
+    JaxOnFunctxValueError,
+    MissingRuleError,
+    describe_user_line,
+)
+
+# --------------------------------------------------------------------------
+# Abstract values
+
+
+_DTYPE_SHORT = {"b": "bool", "f": "f", "i": "i", "u": "u", "c": "c", "V": "float0"}
+
+
+class Aval:
+    """The abstract value of an array: shape, dtype and JAX's weak-type flag."""
+
+    __slots__ = ("shape", "dtype", "weak_type")
+
+    def __init__(self, shape, dtype, weak_type=False):
+        self.shape = shape
+        self.dtype = dtype
+        self.weak_type = weak_type
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def update(self, shape=None, dtype=None, weak_type=None):
+        return Aval(
+            self.shape if shape is None else tuple(shape),
+            self.dtype if dtype is None else dtype,
+            self.weak_type if weak_type is None else weak_type,
+        )
+
+    def to_jax(self):
+        return jax.ShapeDtypeStruct(self.shape, self.dtype, weak_type=self.weak_type)
+
+    def str_short(self):
+        kind = self.dtype.kind
+        if kind == "b":
+            name = "bool"
+        elif kind in "fiuc":
+            name = f"{kind}{self.dtype.itemsize * 8}"
+            if self.dtype.name == "bfloat16":
+                name = "bf16"
+        else:
+            name = self.dtype.name
+        return f"{name}[{','.join(map(str, self.shape))}]"
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, Aval)
+            and self.shape == other.shape
+            and self.dtype == other.dtype
+            and self.weak_type == other.weak_type
+        )
+
+    def __hash__(self):
+        return hash((self.shape, self.dtype, self.weak_type))
+
+    def __repr__(self):
+        return f"Aval({self.str_short()}{', weak' if self.weak_type else ''})"
+
+
+_ArrayImpl = type(jax.numpy.zeros(()))
+_JaxTracer = jax.core.Tracer
+
+
+def canonical_dtype(dtype):
+    return _jax_dtypes.canonicalize_dtype(dtype)
+
+
+def aval_of(x):
+    """The Aval of any value functx accepts: its tracers, JAX arrays and
+    tracers, NumPy arrays and Python scalars."""
+    if isinstance(x, Tracer):
+        return x.aval
+    if type(x) is _ArrayImpl:
+        return Aval(x.shape, x.dtype, x.weak_type)
+    if isinstance(x, _JaxTracer):
+        a = x.aval
+        return Aval(a.shape, a.dtype, a.weak_type)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return Aval(x.shape, canonical_dtype(x.dtype), False)
+    if isinstance(x, (bool, np.bool_)):
+        return Aval((), np.dtype(bool), False)
+    if isinstance(x, int):
+        return Aval((), canonical_dtype(np.int64), True)
+    if isinstance(x, float):
+        return Aval((), canonical_dtype(np.float64), True)
+    if isinstance(x, complex):
+        return Aval((), canonical_dtype(np.complex128), True)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return Aval(x.shape, x.dtype, bool(getattr(x, "weak_type", False)))
+    from .errors import FunctxTypeError
+
+    raise FunctxTypeError(
+        f"functx: a value of type {type(x).__name__} is not an array. "
+        "Pass JAX arrays, NumPy arrays or Python scalars."
+    )
+
+
+def is_float_dtype(dtype):
+    return np.issubdtype(dtype, np.inexact)
+
+
+# --------------------------------------------------------------------------
+# Symbolic zeros
+
+
+class Zero:
+    """A symbolic zero tangent or cotangent of the given Aval.
+
+    Rules skip work on it; it is turned into an array (`instantiate`) only
+    when a transform returns it to the user.
+    """
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval):
+        self.aval = aval
+
+    @staticmethod
+    def like(x):
+        return Zero(aval_of(x))
+
+    def __repr__(self):
+        return f"Zero({self.aval.str_short()})"
+
+
+def zeros_of(aval):
+    """A concrete array of zeros with the given Aval (a constant at every
+    level, lifted like any other constant)."""
+    return jax.numpy.zeros(aval.shape, aval.dtype)
+
+
+def instantiate(t):
+    """Materialise a symbolic zero; other values pass through."""
+    return zeros_of(t.aval) if type(t) is Zero else t
+
+
+# --------------------------------------------------------------------------
+# Primitives
+
+
+PRIMITIVES = {}  # name -> Primitive
+FROM_JAX = {}  # jax primitive -> functx Primitive (used when lifting jaxprs)
+
+
+class Primitive:
+    """A named operation. Its rules live in one table per interpreter
+    (interpreters/*.py); each primitive module fills them in next to the
+    primitive's definition."""
+
+    __slots__ = ("name", "jax", "multiple_results", "__weakref__")
+
+    def __init__(self, name, jax_primitive=None, multiple_results=False):
+        self.name = name
+        self.jax = jax_primitive
+        self.multiple_results = multiple_results
+        PRIMITIVES[name] = self
+        if jax_primitive is not None:
+            FROM_JAX[jax_primitive] = self
+
+    def bind(self, *args, **params):
+        return bind(self, *args, **params)
+
+    def __repr__(self):
+        return self.name
+
+
+def missing_rule(prim, transform, hint=""):
+    return MissingRuleError(
+        f"{transform}: primitive `{prim.name}` has no {transform} rule, so "
+        f"functx cannot apply {transform} to a function that uses it. "
+        + (hint or "Rewrite that part with operations functx supports, or file "
+           "an issue naming the primitive and the transform.")
+    )
+
+
+# --------------------------------------------------------------------------
+# Interpreters and the stack
+
+
+class _ThreadState(threading.local):
+    def __init__(self):
+        self.stack = []
+
+
+_state = _ThreadState()
+
+
+def interpreter_stack():
+    """The interpreters active on this thread, innermost last."""
+    return _state.stack
+
+
+class Interpreter:
+    """Base class of the transform interpreters (jvp, reverse, batching,
+    staging). Subclasses implement `process`."""
+
+    transform = "transform"
+
+    def __init__(self):
+        self.level = 0
+        self.alive = True
+
+    def process(self, prim, args, params):
+        raise NotImplementedError
+
+    def concrete(self, tracer):
+        """The value a tracer stands for, for Python control flow; raise if
+        the interpreter cannot give one."""
+        raise ConcretizationError(
+            f"{self.transform}: a traced value was converted to a Python "
+            f"value at {describe_user_line()}, but under {self.transform} it "
+            "has no concrete value. Use functx.numpy.where or functx.lax.cond "
+            "instead of Python control flow on traced values."
+        )
+
+    def __repr__(self):
+        return f"{type(self).__name__}(level={self.level}{'' if self.alive else ', dead'})"
+
+
+@contextlib.contextmanager
+def new_interpreter(interp):
+    """Push `interp` on this thread's stack for the duration of a transform;
+    mark it dead afterwards (NOTE [escaped tracers])."""
+    stack = _state.stack
+    interp.level = len(stack) + 1
+    stack.append(interp)
+    try:
+        yield interp
+    finally:
+        interp.alive = False
+        stack.remove(interp)
+
+
+def _escaped(tracer, prim):
+    interp = tracer._interp
+    what = f"used by `{prim.name}`" if prim is not None else "used"
+    return EscapedTracerError(
+        f"{interp.transform}: a value traced by {interp.transform} escaped "
+        f"from the transformed function and was {what} after "
+        f"{interp.transform} returned (at {describe_user_line()}). Values "
+        "computed inside a transform are only valid until it returns: return "
+        "them from the function (use has_aux=True for extra outputs) instead "
+        "of storing them in globals, lists or closures."
+    )
+
+
+def find_top(args, prim=None):
+    """The highest-level live interpreter among `args`' tracers, or None."""
+    top = None
+    for a in args:
+        if isinstance(a, Tracer):
+            interp = a._interp
+            if not interp.alive:
+                raise _escaped(a, prim)
+            if top is None or interp.level > top.level:
+                top = interp
+    return top
+
+
+def bind(prim, *args, **params):
+    """Apply `prim` to `args`: hand it to the top interpreter among the
+    arguments, or run it on JAX values when there is none (NOTE [levels])."""
+    top = None
+    for a in args:
+        if isinstance(a, Tracer):
+            interp = a._interp
+            if not interp.alive:
+                raise _escaped(a, prim)
+            if top is None or interp.level > top.level:
+                top = interp
+    if top is None:
+        try:
+            impl = impl_rules[prim]
+        except KeyError:
+            raise missing_rule(prim, "eval") from None
+        return impl(*args, **params)
+    return top.process(prim, args, params)
+
+
+# --------------------------------------------------------------------------
+# Tracers
+
+
+class Tracer:
+    """A functx value inside a transform. It behaves like a jax.Array
+    (operators, methods and indexing are attached by functx._array_api)."""
+
+    __slots__ = ("_interp",)
+    __array_priority__ = 1000
+    __array_ufunc__ = None  # make NumPy defer to our reflected operators
+    __hash__ = None
+
+    @property
+    def aval(self):
+        raise NotImplementedError
+
+    @property
+    def shape(self):
+        return self.aval.shape
+
+    @property
+    def dtype(self):
+        return self.aval.dtype
+
+    @property
+    def ndim(self):
+        return len(self.aval.shape)
+
+    @property
+    def size(self):
+        return self.aval.size
+
+    @property
+    def weak_type(self):
+        return self.aval.weak_type
+
+    def __len__(self):
+        if not self.shape:
+            from .errors import FunctxTypeError
+
+            raise FunctxTypeError("len() of a 0-d functx value")
+        return self.shape[0]
+
+    def _concrete(self):
+        if not self._interp.alive:
+            raise _escaped(self, None)
+        return self._interp.concrete(self)
+
+    def __bool__(self):
+        return bool(self._concrete())
+
+    def __int__(self):
+        return int(self._concrete())
+
+    def __float__(self):
+        return float(self._concrete())
+
+    def __complex__(self):
+        return complex(self._concrete())
+
+    def __index__(self):
+        return _index(self._concrete())
+
+    def item(self):
+        v = self._concrete()
+        return v.item() if hasattr(v, "item") else v
+
+    def __jax_array__(self):
+        raise jax_misuse_error(self)
+
+    def __array__(self, *args, **kwargs):
+        raise jax_misuse_error(self)
+
+    def __repr__(self):
+        interp = self._interp
+        return (
+            f"{type(self).__name__}<{self.aval.str_short()}>"
+            f"({interp.transform}, level={interp.level}"
+            f"{'' if interp.alive else ', escaped'})"
+        )
+
+    __str__ = __repr__
+
+
+def _index(v):
+    import operator
+
+    return operator.index(v)
+
+
+def jax_misuse_error(value=None):
+    where = describe_user_line()
+    what = f" ({value.aval.str_short()})" if isinstance(value, Tracer) else ""
+    return JaxOnFunctxValueError(
+        f"A functx value{what} was passed to a JAX or NumPy function at "
+        f"{where}. JAX functions cannot see through functx transforms. Use "
+        "functx.numpy / functx.nn / functx.lax instead of jax.numpy / "
+        "jax.nn / jax.lax, or wrap the JAX function with functx.lift(fn)."
+    )
+
+
+def _register_with_jax():
+    """Make JAX raise functx's explanatory error, not its own, when a functx
+    value reaches a JAX function."""
+    from jax._src import core as jcore
+
+    def _refuse(x):
+        raise jax_misuse_error(x)
+
+    jcore.pytype_aval_mappings[Tracer] = _refuse
+    try:
+        from jax._src import dtypes as jdtypes
+
+        jdtypes.canonicalize_value_handlers[Tracer] = _refuse
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from jax._src import api_util
+
+        api_util._shaped_abstractify_handlers[Tracer] = _refuse
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from jax._src import xla
+
+        xla.canonicalize_dtype_handlers[Tracer] = _refuse
+    except (ImportError, AttributeError):
+        pass
+
+
+_register_with_jax()
+
+from .interpreters.eval import impl_rules  # noqa: E402  (bottom of the stack)

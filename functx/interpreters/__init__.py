@@ -1,0 +1,2 @@
+"""One module per interpreter: eval (lowering to JAX), jvp, reverse,
+batching, staging."""

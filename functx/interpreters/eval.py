@@ -1,0 +1,49 @@
+"""The bottom of the stack: evaluation by lowering onto jax.lax.
+
+A primitive whose arguments hold no functx tracer runs here. Most functx
+primitives mirror a `jax.lax` primitive with the same parameters, so their
+evaluation is a call of that primitive:
+
+* on JAX tracers (inside `jax.jit`, `jax.vmap`, ...) it binds the JAX
+  primitive directly, so the functx stack leaves a pure JAX program behind;
+* on concrete arrays it calls a `jax.jit`-compiled wrapper of the primitive,
+  cached per parameters, which takes JAX's C++ dispatch path (about three
+  times cheaper than binding the JAX primitive eagerly).
+"""
+
+from functools import partial
+
+import jax
+
+impl_rules = {}  # Primitive -> callable(*args, **params)
+
+_JaxTracer = jax.core.Tracer
+
+
+def lower_to_jax(prim):
+    """Register the evaluation of `prim` as its JAX primitive."""
+    jax_prim = prim.jax
+    compiled = {}
+
+    def impl(*args, **params):
+        for a in args:
+            if isinstance(a, _JaxTracer):
+                return jax_prim.bind(*args, **params)
+        try:
+            key = tuple(params.items())
+            fn = compiled[key]
+        except KeyError:
+            fn = compiled[key] = jax.jit(partial(jax_prim.bind, **params))
+        except TypeError:  # unhashable parameters: no cache
+            return jax_prim.bind(*args, **params)
+        return fn(*args)
+
+    impl_rules[prim] = impl
+    return impl
+
+
+def defimpl(prim, fn):
+    """Register a hand-written evaluation of `prim` (for primitives that are
+    not a single JAX primitive)."""
+    impl_rules[prim] = fn
+    return fn

@@ -1,0 +1,204 @@
+"""Reverse mode: linearize with the jvp rules, then transpose.
+
+NOTE [reverse mode = jvp + staging + transpose]
+A `ReverseTracer` carries a primal (a lower-level value) and a *linear*
+tracer: a staged value of the interpreter's tape (a StagingInterpreter at the
+same level). To process a primitive the interpreter runs the primitive's jvp
+rule with the primals and those linear tracers as tangents. Everything the
+rule computes from primals alone runs at once on the lower level (the output
+primal, and residuals such as `cos(x)` for `sin`); every operation it applies
+to a tangent lands on the tape as an equation of a linear graph. So each
+primitive's derivative is written once, as a jvp rule, and:
+
+* `linearize` evaluates the tape forwards on new tangents;
+* `vjp` runs it backwards (`backward_pass`), applying the transpose rule of
+  each linear primitive (the table `transpose_rules`).
+
+Only linear primitives (mul by a constant, add, broadcast, reduce_sum,
+slicing, gather, dot_general, ...) need transpose rules. A tangent that is a
+symbolic Zero is never boxed: values that do not depend on the inputs being
+differentiated stay plain lower-level values and cost nothing.
+
+Transpose rule convention: `rule(ct, *args, **params) -> [ct_or_None per
+arg]`, where the linear arguments are `staging.Var`s (`staging.is_linear`)
+and the others are the constant values; `ct` is a list for primitives with
+multiple results (with `Zero` where an output got no cotangent).
+"""
+
+from ..core import Interpreter, Tracer, Zero, aval_of, missing_rule
+from .jvp import jvp_rules
+from .staging import StagingInterpreter, StagingTracer, Var, dce, eval_graph
+
+transpose_rules = {}  # Primitive -> rule
+
+
+class ReverseTracer(Tracer):
+    __slots__ = ("primal", "lin")
+
+    def __init__(self, interp, primal, lin):
+        self._interp = interp
+        self.primal = primal
+        self.lin = lin
+
+    @property
+    def aval(self):
+        return aval_of(self.primal)
+
+
+class _Tape(StagingInterpreter):
+    """The linear graph of a reverse interpreter: lives at its level and
+    dies with it."""
+
+    def __init__(self, owner):
+        super().__init__(owner.transform)
+        self.owner = owner
+
+    @property
+    def level(self):
+        return self.owner.level
+
+    @level.setter
+    def level(self, value):
+        pass
+
+    @property
+    def alive(self):
+        return self.owner.alive
+
+    @alive.setter
+    def alive(self, value):
+        pass
+
+
+class ReverseInterpreter(Interpreter):
+    transform = "vjp"
+
+    def __init__(self, transform="vjp"):
+        super().__init__()
+        self.transform = transform
+        self.tape = _Tape(self)
+
+    def new_input(self, primal):
+        a = aval_of(primal)
+        return ReverseTracer(self, primal, self.tape.new_input(a))
+
+    def unbox(self, x):
+        """(primal, linear tracer or None) of any value, seen from here."""
+        if type(x) is ReverseTracer and x._interp is self:
+            return x.primal, x.lin
+        return x, None
+
+    def box(self, primal, tangent):
+        if type(tangent) is StagingTracer and tangent._interp is self.tape:
+            return ReverseTracer(self, primal, tangent)
+        return primal
+
+    def process(self, prim, args, params):
+        primals = []
+        tangents = []
+        for a in args:
+            if type(a) is ReverseTracer and a._interp is self:
+                primals.append(a.primal)
+                tangents.append(a.lin)
+            else:
+                primals.append(a)
+                tangents.append(Zero(aval_of(a)))
+        rule = jvp_rules.get(prim)
+        if rule is None:
+            raise missing_rule(prim, self.transform)
+        out, tangent_out = rule(primals, tangents, **params)
+        if prim.multiple_results:
+            return [self.box(o, t) for o, t in zip(out, tangent_out, strict=True)]
+        return self.box(out, tangent_out)
+
+    def concrete(self, tracer):
+        return tracer.primal
+
+    def linear_map(self, inputs, outputs):
+        """The tape as a `LinearMap` from the tangents of `inputs` (this
+        interpreter's tracers) to those of `outputs` (symbolic zeros where an
+        output does not depend on the inputs)."""
+        live = []
+        zero_avals = []
+        for o in outputs:
+            if type(o) is ReverseTracer and o._interp is self:
+                live.append(o.lin)
+                zero_avals.append(None)
+            else:
+                zero_avals.append(aval_of(o))
+        graph = dce(self.tape.graph([x.lin for x in inputs], live))
+        return LinearMap(graph, zero_avals)
+
+
+class LinearMap:
+    """A linear function recorded by reverse mode: a graph plus the outputs
+    that are symbolic zeros (`zero_avals[i]` is their Aval, else None)."""
+
+    __slots__ = ("graph", "zero_avals")
+
+    def __init__(self, graph, zero_avals):
+        self.graph = graph
+        self.zero_avals = zero_avals
+
+    def forward(self, tangents):
+        """Evaluate the map on input tangents."""
+        vals = iter(eval_graph(self.graph, tangents))
+        return [next(vals) if z is None else Zero(z) for z in self.zero_avals]
+
+    def backward(self, cts):
+        """Transpose: output cotangents (Zero allowed) to input cotangents
+        (Zero where none arrived)."""
+        live = [c for c, z in zip(cts, self.zero_avals, strict=True) if z is None]
+        return backward_pass(self.graph, live)
+
+
+_add_any = None
+
+
+def add_cotangents(a, b):
+    global _add_any
+    if _add_any is None:
+        from ..primitives.elementwise import add_any
+
+        _add_any = add_any
+    return _add_any(a, b)
+
+
+def backward_pass(graph, cts):
+    """Transpose the linear `graph`: propagate output cotangents `cts` to its
+    inputs. Returns one cotangent per input, Zero where none arrived."""
+    env = {}
+
+    def accumulate(v, ct):
+        prev = env.get(v)
+        env[v] = ct if prev is None else add_cotangents(prev, ct)
+
+    for v, ct in zip(graph.outputs, cts, strict=True):
+        if type(v) is Var and type(ct) is not Zero:
+            accumulate(v, ct)
+    for eqn in reversed(graph.eqns):
+        prim = eqn.prim
+        if prim.multiple_results:
+            cts_out = [env.pop(v, None) for v in eqn.outputs]
+            if all(c is None for c in cts_out):
+                continue
+            ct = [Zero(v.aval) if c is None else c for v, c in zip(eqn.outputs, cts_out)]
+        else:
+            ct = env.pop(eqn.outputs[0], None)
+            if ct is None:
+                continue
+        rule = transpose_rules.get(prim)
+        if rule is None:
+            raise missing_rule(
+                prim,
+                "reverse-mode",
+                "It has a forward-mode (jvp) rule but no transpose rule, so "
+                "use forward mode (jvp, jacfwd) for this function, or express "
+                "it with primitives that support reverse mode.",
+            )
+        args = [x if type(x) is Var else x.value for x in eqn.inputs]
+        in_cts = rule(ct, *args, **eqn.params)
+        for x, c in zip(eqn.inputs, in_cts, strict=True):
+            if type(x) is Var and c is not None and type(c) is not Zero:
+                accumulate(x, c)
+    return [Zero(v.aval) if (c := env.get(v)) is None else c for v in graph.inputs]

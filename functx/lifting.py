@@ -1,0 +1,249 @@
+"""Lifting: running JAX functions on functx values.
+
+NOTE [lifting]
+`lift(fn)` makes any JAX function callable on functx values. With no functx
+value among the arguments it simply calls `fn`. Otherwise it stages `fn` to
+a jaxpr with `jax.make_jaxpr` on the arguments' abstract values, and replays
+the jaxpr's equations as functx primitives (each JAX primitive maps to the
+functx primitive of the same name and parameters), so every functx transform
+sees through it. The staged program is cached per argument structure,
+shapes, dtypes and static (non-array) arguments, so a second call with the
+same kinds of arguments costs only the replay.
+
+Replaying inlines `jit` / `pjit` / `closed_call` / `checkpoint` equations and
+differentiates `custom_jvp_call` / `custom_vjp_call` equations through their
+bodies. An equation whose primitive functx does not know still runs when
+none of its inputs is a functx value; otherwise it raises an error naming
+the primitive.
+"""
+
+import jax
+import numpy as np
+from jax import tree_util
+from jax._src import core as jcore
+
+from .core import FROM_JAX, Tracer, aval_of, bind
+from .errors import FunctxTypeError, MissingRuleError
+
+_INLINE_PARAM = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "checkpoint": "jaxpr",
+    "remat": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "custom_lin": None,
+}
+
+
+class Program:
+    """A jaxpr flattened for fast replay: every value lives in one slot of an
+    environment list; `instrs` are (functx primitive or None, JAX primitive,
+    input slots, output slots, params)."""
+
+    __slots__ = ("env0", "inputs", "outputs", "instrs")
+
+    def __init__(self, closed_jaxpr):
+        self.env0 = []
+        self.instrs = []
+
+        def new_slot(value=None):
+            self.env0.append(value)
+            return len(self.env0) - 1
+
+        def slot_of(v, scope):
+            if isinstance(v, jcore.Literal):
+                return new_slot(v.val)
+            return scope[v]
+
+        def flatten(jaxpr, consts, in_slots):
+            scope = {}
+            for v, c in zip(jaxpr.constvars, consts, strict=True):
+                scope[v] = new_slot(c)
+            for v, s in zip(jaxpr.invars, in_slots, strict=True):
+                scope[v] = s
+            for eqn in jaxpr.eqns:
+                ins = [slot_of(v, scope) for v in eqn.invars]
+                name = eqn.primitive.name
+                if name in _INLINE_PARAM and _INLINE_PARAM[name] is not None:
+                    sub = eqn.params[_INLINE_PARAM[name]]
+                    if isinstance(sub, jcore.ClosedJaxpr):
+                        sub_jaxpr, sub_consts = sub.jaxpr, sub.consts
+                    else:
+                        sub_jaxpr, sub_consts = sub, []
+                    outs = flatten(sub_jaxpr, sub_consts, ins)
+                    for v, s in zip(eqn.outvars, outs, strict=True):
+                        scope[v] = s
+                    continue
+                outs = [new_slot() for _ in eqn.outvars]
+                for v, s in zip(eqn.outvars, outs):
+                    if not isinstance(v, jcore.DropVar):
+                        scope[v] = s
+                fx = FROM_JAX.get(eqn.primitive)
+                self.instrs.append((fx, eqn.primitive, ins, outs, dict(eqn.params)))
+            return [slot_of(v, scope) for v in jaxpr.outvars]
+
+        jaxpr = closed_jaxpr.jaxpr
+        self.inputs = [new_slot() for _ in jaxpr.invars]
+        self.outputs = flatten(jaxpr, closed_jaxpr.consts, self.inputs)
+
+    def __call__(self, args):
+        env = list(self.env0)
+        for s, a in zip(self.inputs, args):
+            env[s] = a
+        for fx, jp, ins, outs, params in self.instrs:
+            vals = [env[i] for i in ins]
+            if fx is None:
+                out = _foreign(jp, vals, params)
+                multiple = jp.multiple_results
+            else:
+                out = bind(fx, *vals, **params)
+                multiple = fx.multiple_results
+            if multiple:
+                for s, o in zip(outs, out):
+                    env[s] = o
+            else:
+                env[outs[0]] = out
+        return [env[s] for s in self.outputs]
+
+
+def _foreign(jax_prim, vals, params):
+    """An equation of a JAX primitive functx has no definition for."""
+    for v in vals:
+        if isinstance(v, Tracer):
+            raise MissingRuleError(
+                f"lift: the JAX primitive `{jax_prim.name}` reached a functx "
+                f"transform ({v._interp.transform}), but functx has no rules for it. "
+                "Rewrite that part with functx.numpy / functx.lax operations, or "
+                "file an issue naming the primitive."
+            )
+    return jax_prim.bind(*vals, **params)
+
+
+# --------------------------------------------------------------------------
+# The cache of staged programs
+
+_CACHE = {}
+_CACHE_LIMIT = 8192
+_JaxArray = jax.Array
+
+
+def _is_dynamic(leaf):
+    return isinstance(leaf, (Tracer, _JaxArray, np.ndarray))
+
+
+def _trampoline(fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
+def call_lifted(fn, args, kwargs):
+    """Call the JAX function `fn(*args, **kwargs)`, where the arguments may
+    hold functx values (NOTE [lifting])."""
+    leaves, treedef = tree_util.tree_flatten((fn, args, kwargs))
+    has_tracer = False
+    key_parts = []
+    dynamic = []
+    for leaf in leaves:
+        if isinstance(leaf, Tracer):
+            has_tracer = True
+            dynamic.append(leaf)
+            key_parts.append(leaf.aval)
+        elif isinstance(leaf, (_JaxArray, np.ndarray)):
+            dynamic.append(leaf)
+            key_parts.append(aval_of(leaf))
+        else:
+            key_parts.append(_StaticKey(leaf))
+    if not has_tracer:
+        return fn(*args, **kwargs)
+    key = (treedef, tuple(key_parts))
+    try:
+        entry = _CACHE.get(key)
+    except TypeError:  # an unhashable static argument: stage without caching
+        key, entry = None, None
+    if entry is None:
+        entry = _stage(treedef, leaves, key_parts)
+        if key is not None and entry[2]:
+            if len(_CACHE) >= _CACHE_LIMIT:
+                _CACHE.clear()
+            _CACHE[key] = entry
+    program, out_tree, _ = entry
+    return tree_util.tree_unflatten(out_tree, program(dynamic))
+
+
+class _StaticKey:
+    """A static leaf in a cache key: compared by value where it hashes,
+    by identity otherwise (numbers compare with their type, so 1 != 1.0)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value):
+        self.value = value
+        try:
+            self._hash = hash((type(value), value))
+        except TypeError:
+            self._hash = id(value)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        if type(self.value) is not type(other.value):
+            return False
+        try:
+            return bool(self.value == other.value)
+        except Exception:  # noqa: BLE001 - incomparable values are unequal
+            return self.value is other.value
+
+
+def _stage(treedef, leaves, key_parts):
+    positions = [i for i, k in enumerate(key_parts) if not isinstance(k, _StaticKey)]
+    template = [None if not isinstance(k, _StaticKey) else leaf for leaf, k in zip(leaves, key_parts)]
+
+    def flat_fn(*dyn):
+        filled = list(template)
+        for i, v in zip(positions, dyn):
+            filled[i] = v
+        fn, args, kwargs = tree_util.tree_unflatten(treedef, filled)
+        return fn(*args, **kwargs)
+
+    avals = [key_parts[i].to_jax() for i in positions]
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
+    out_tree = tree_util.tree_structure(out_shape)
+    cacheable = not any(isinstance(c, jcore.Tracer) for c in closed.consts)
+    return Program(closed), out_tree, cacheable
+
+
+def lift(fn):
+    """Make a JAX function callable on functx values.
+
+    Args:
+      fn: any function written with JAX (jax.numpy, jax.nn, jax.lax, an
+        Equinox module, an optax loss, ...). Arrays inside `fn` itself (an
+        Equinox module's weights) are treated as inputs too.
+
+    Returns:
+      A function with `fn`'s signature that accepts functx values as well as
+      arrays. Without functx values among its arguments it just calls `fn`.
+
+    Example:
+      >>> import jax, functx
+      >>> per_sample = functx.vmap(functx.lift(jax.grad(lambda w, x: (w * x).sum())),
+      ...                          in_dims=(None, 0))
+    """
+    if not callable(fn):
+        raise FunctxTypeError(
+            f"lift(fn): expected a callable, got {type(fn).__name__}. Pass the JAX "
+            "function itself, e.g. functx.lift(jax.nn.softplus)."
+        )
+
+    def lifted(*args, **kwargs):
+        return call_lifted(fn, args, kwargs)
+
+    lifted.__name__ = getattr(fn, "__name__", "lifted")
+    lifted.__qualname__ = getattr(fn, "__qualname__", lifted.__name__)
+    lifted.__doc__ = getattr(fn, "__doc__", None)
+    lifted.__wrapped__ = fn
+    return lifted

@@ -1,0 +1,156 @@
+"""functx.numpy: a drop-in for jax.numpy that accepts functx values.
+
+Every public function of `jax.numpy` is here with the same name, arguments
+and results. Called without functx values it *is* the jax.numpy call; on
+functx values it runs the jax.numpy function through `functx.lift` (NOTE
+[lifting] in functx/lifting.py). The most common one-primitive functions
+(elementwise math, arithmetic, comparisons) bind their primitive directly,
+which skips the lifting cache lookup. Dtypes, constants and classes are
+jax.numpy's own objects.
+"""
+
+import types as _types
+
+import jax.numpy as _jnp
+import numpy as _np
+
+from ..core import Tracer as _Tracer
+from ..core import aval_of as _aval_of
+from ..lifting import call_lifted as _call_lifted
+from ..primitives import elementwise as _ew
+
+
+def _wrap(name, fn, namespace="jax.numpy"):
+    def wrapper(*args, **kwargs):
+        return _call_lifted(fn, args, kwargs)
+
+    wrapper.__name__ = name
+    wrapper.__qualname__ = name
+    wrapper.__module__ = __name__
+    wrapper.__doc__ = (
+        f"functx version of `{namespace}.{name}`: the same arguments and results, "
+        f"and it accepts functx values. See `{namespace}.{name}` for the details."
+    )
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+def populate(target, source, namespace):
+    """Fill `target` (a module's globals) with functx versions of `source`'s
+    public functions; dtypes, classes and constants are re-exported."""
+    names = []
+    for name in dir(source):
+        if name.startswith("_"):
+            continue
+        obj = getattr(source, name)
+        if isinstance(obj, _types.ModuleType):
+            continue
+        if isinstance(obj, type) or not callable(obj):
+            target[name] = obj
+        else:
+            target[name] = _wrap(name, obj, namespace)
+        names.append(name)
+    return names
+
+
+__all__ = populate(globals(), _jnp, "jax.numpy")
+
+# --------------------------------------------------------------------------
+# Direct binding for one-primitive functions (same result as the jax.numpy
+# function; checked in tests/test_numpy.py).
+
+_UNARY = {
+    "sin": _ew.sin, "cos": _ew.cos, "tan": lambda x: _ew.bind(_ew.tan_p, x, accuracy=None),
+    "arcsin": _ew._plain(_ew.asin_p), "arccos": _ew._plain(_ew.acos_p),
+    "arctan": _ew._plain(_ew.atan_p), "sinh": _ew.sinh, "cosh": _ew.cosh, "tanh": _ew.tanh,
+    "arcsinh": _ew._plain(_ew.asinh_p), "arccosh": _ew._plain(_ew.acosh_p),
+    "arctanh": _ew._plain(_ew.atanh_p), "exp": _ew.exp, "exp2": _ew._acc(_ew.exp2_p),
+    "log": _ew.log, "log1p": _ew._acc(_ew.log1p_p), "expm1": _ew._acc(_ew.expm1_p),
+    "sqrt": _ew.sqrt, "cbrt": _ew._acc(_ew.cbrt_p), "square": _ew.square,
+    "negative": _ew.neg, "sign": _ew.sign, "floor": _ew.floor,
+    "ceil": _ew._plain(_ew.ceil_p), "abs": _ew.abs, "absolute": _ew.abs,
+}
+_UNARY["acos"], _UNARY["asin"], _UNARY["atan"] = _UNARY["arccos"], _UNARY["arcsin"], _UNARY["arctan"]
+_UNARY["acosh"], _UNARY["asinh"], _UNARY["atanh"] = _UNARY["arccosh"], _UNARY["arcsinh"], _UNARY["arctanh"]
+
+_BINARY = {
+    "add": _ew.add, "subtract": _ew.sub, "multiply": _ew.mul, "divide": _ew.div,
+    "true_divide": _ew.div, "maximum": _ew.max, "minimum": _ew.min, "arctan2": _ew.atan2,
+    "equal": _ew.eq, "not_equal": _ew.ne, "less": _ew.lt, "less_equal": _ew.le,
+    "greater": _ew.gt, "greater_equal": _ew.ge,
+}
+_FLOAT_ONLY = {"divide", "true_divide", "arctan2"}
+
+
+def _unary_fast(name, binder, slow):
+    def fn(x, *args, **kwargs):
+        if not args and not kwargs and isinstance(x, _Tracer):
+            a = x.aval
+            if a.dtype.kind == "f" and not a.weak_type:
+                return binder(x)
+        return slow(x, *args, **kwargs)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = slow.__doc__
+    fn.__wrapped__ = slow.__wrapped__
+    return fn
+
+
+_PY_SCALARS = (int, float)
+
+
+def binary_operands(x, y, float_only=False):
+    """If `x op y` can go straight to the lax primitive (same dtype, same
+    shape or a Python scalar, no weak types), the operands to pass; else
+    None."""
+    xt, yt = isinstance(x, _Tracer), isinstance(y, _Tracer)
+    if not (xt or yt):
+        return None
+    if xt and yt:
+        xa, ya = x.aval, y.aval
+        if xa.dtype.kind in "fiu" and xa.dtype == ya.dtype and xa.shape == ya.shape and not xa.weak_type and not ya.weak_type:
+            if not float_only or xa.dtype.kind == "f":
+                return x, y
+        return None
+    t, other = (x, y) if xt else (y, x)
+    a = t.aval
+    if a.weak_type:
+        return None
+    kind = a.dtype.kind
+    if kind not in "fiu":
+        return None
+    if type(other) in _PY_SCALARS and (kind == "f" or (kind == "i" and type(other) is int and not float_only)):
+        c = _np.array(other, a.dtype)
+        return (t, c) if xt else (c, t)
+    if hasattr(other, "shape") and not isinstance(other, _Tracer):
+        oa = _aval_of(other)
+        if oa.dtype == a.dtype and oa.shape == a.shape and not oa.weak_type:
+            if not float_only or kind == "f":
+                return x, y
+    return None
+
+
+def _binary_fast(name, binder, slow):
+    float_only = name in _FLOAT_ONLY
+
+    def fn(x, y, *args, **kwargs):
+        if not args and not kwargs:
+            ops = binary_operands(x, y, float_only)
+            if ops is not None:
+                return binder(*ops)
+        return slow(x, y, *args, **kwargs)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = slow.__doc__
+    fn.__wrapped__ = slow.__wrapped__
+    return fn
+
+
+for _name, _binder in _UNARY.items():
+    globals()[_name] = _unary_fast(_name, _binder, globals()[_name])
+for _name, _binder in _BINARY.items():
+    globals()[_name] = _binary_fast(_name, _binder, globals()[_name])
+del _name, _binder
+
+
+from . import fft, linalg  # noqa: E402,F401  (namespaces of their own)

@@ -1,0 +1,10 @@
+"""The primitive set. Each module defines a family of primitives with all of
+their rules; importing this package registers them all."""
+
+from . import common  # noqa: F401
+from . import elementwise  # noqa: F401
+from . import structural  # noqa: F401
+from . import reductions  # noqa: F401
+from . import dot  # noqa: F401
+from . import indexing  # noqa: F401
+from . import sort  # noqa: F401

@@ -1,0 +1,292 @@
+"""Helpers that make most primitive definitions one line per rule.
+
+A primitive module declares, next to each primitive: its evaluation (usually
+the JAX primitive of the same name, `defprim`), its shape rule, its jvp rule
+(`defjvp`, `defjvp_out`, `defzero_jvp`), its transpose rule if it is linear,
+and its batching rule (`unary_batch`, `broadcasting_batch`, ...).
+"""
+
+import numpy as np
+
+from ..core import Aval, Primitive, Zero, aval_of, bind, is_float_dtype
+from ..errors import FunctxValueError
+from ..interpreters.batching import batch_rules
+from ..interpreters.eval import lower_to_jax
+from ..interpreters.jvp import jvp_rules
+from ..interpreters.reverse import transpose_rules
+from ..interpreters.staging import is_linear, shape_rules
+
+__all__ = [
+    "Zero", "aval_of", "bind", "is_linear", "is_float_dtype",
+    "jvp_rules", "transpose_rules", "batch_rules", "shape_rules",
+    "defprim", "scalar_like", "defjvp", "defjvp_out", "defzero_jvp",
+    "add_tangents", "broadcast_to_shape", "unbroadcast", "unary_batch",
+    "broadcasting_batch", "moveaxis", "bdim_to_front", "same_aval",
+    "nary_shape", "predicate_shape", "zeros_like_value", "instantiate_like",
+]
+
+
+def defprim(name, jax_prim=None, multiple_results=False):
+    """A primitive evaluated by the JAX primitive `jax_prim`."""
+    p = Primitive(name, jax_prim, multiple_results)
+    if jax_prim is not None:
+        lower_to_jax(p)
+    return p
+
+
+_scalars = {}
+
+
+def scalar_like(x, value):
+    """A 0-d constant of `x`'s dtype (lax ops need exactly equal dtypes)."""
+    dtype = x.dtype if hasattr(x, "dtype") else aval_of(x).dtype
+    key = (value, dtype)
+    try:
+        return _scalars[key]
+    except KeyError:
+        c = _scalars[key] = np.array(value, dtype)
+        return c
+    except TypeError:
+        return np.array(value, dtype)
+
+
+def zeros_like_value(x):
+    a = aval_of(x)
+    from .structural import full
+
+    return full(a.shape, 0, a.dtype)
+
+
+def instantiate_like(t, x):
+    """A tangent as an array: symbolic zeros become zeros shaped like `x`."""
+    if type(t) is Zero:
+        from .structural import full
+
+        return full(t.aval.shape, 0, t.aval.dtype)
+    return t
+
+
+# --------------------------------------------------------------------------
+# Shape rules
+
+
+def same_aval(aval, **params):
+    return aval
+
+
+def predicate_shape(aval, **params):
+    return Aval(aval.shape, np.dtype(bool), False)
+
+
+def broadcast_shapes(op, avals):
+    """lax broadcasting: equal ranks (or rank 0), dimensions equal or 1."""
+    shapes = [a.shape for a in avals if a.shape != ()]
+    if not shapes:
+        return ()
+    rank = len(shapes[0])
+    out = list(shapes[0])
+    for s in shapes[1:]:
+        if len(s) != rank:
+            raise FunctxValueError(
+                f"{op}: operands must have equal ranks, got shapes {[a.shape for a in avals]}"
+            )
+        for i, d in enumerate(s):
+            if out[i] == 1:
+                out[i] = d
+            elif d != 1 and d != out[i]:
+                raise FunctxValueError(
+                    f"{op}: incompatible shapes {[a.shape for a in avals]}"
+                )
+    return tuple(out)
+
+
+def nary_shape(name):
+    def rule(*avals, **params):
+        shape = broadcast_shapes(name, avals)
+        return Aval(shape, avals[0].dtype, all(a.weak_type for a in avals))
+
+    return rule
+
+
+def nary_predicate_shape(name):
+    def rule(*avals, **params):
+        return Aval(broadcast_shapes(name, avals), np.dtype(bool), False)
+
+    return rule
+
+
+# --------------------------------------------------------------------------
+# jvp helpers
+
+
+def add_tangents(a, b):
+    if type(a) is Zero:
+        return b
+    if type(b) is Zero:
+        return a
+    from .elementwise import add_any
+
+    return add_any(a, b)
+
+
+def broadcast_to_shape(x, shape):
+    """Broadcast `x` (lax broadcasting: rank 0 or size-1 dims) to `shape`."""
+    xs = aval_of(x).shape
+    if xs == shape:
+        return x
+    from .structural import broadcast_in_dim
+
+    if xs == ():
+        return broadcast_in_dim(x, shape, ())
+    return broadcast_in_dim(x, shape, tuple(range(len(shape))))
+
+
+def unbroadcast(x, aval):
+    """Sum `x` down to `aval`'s shape, undoing lax broadcasting (the
+    transpose of `broadcast_to_shape`)."""
+    xs = aval_of(x).shape
+    if xs == aval.shape:
+        return x
+    from .reductions import reduce_sum
+    from .structural import reshape
+
+    if aval.shape == ():
+        return reduce_sum(x, tuple(range(len(xs))))
+    axes = tuple(i for i, (a, b) in enumerate(zip(aval.shape, xs)) if a == 1 and b != 1)
+    return reshape(reduce_sum(x, axes), aval.shape)
+
+
+def _accumulate(total, c, out):
+    """Add contribution `c`, broadcast to the output's shape, to `total`."""
+    if type(c) is Zero:
+        return total
+    shape = out.shape if hasattr(out, "shape") else aval_of(out).shape
+    c = broadcast_to_shape(c, shape)
+    return c if total is None else add_tangents(total, c)
+
+
+def defjvp(prim, *fns):
+    """jvp rule from one function per operand: `fn(t, *primals, **params)`
+    gives that operand's contribution to the output tangent (None: the
+    operand has zero derivative). Contributions are summed, Zero skipped."""
+
+    def rule(primals, tangents, **params):
+        out = bind(prim, *primals, **params)
+        total = None
+        for fn, t in zip(fns, tangents):
+            if fn is None or type(t) is Zero:
+                continue
+            c = fn(t, *primals, **params)
+            total = _accumulate(total, c, out)
+        return out, Zero(aval_of(out)) if total is None else total
+
+    jvp_rules[prim] = rule
+    return rule
+
+
+def defjvp_out(prim, *fns):
+    """Like `defjvp`, but each function also gets the primal output:
+    `fn(t, out, *primals, **params)` (e.g. exp: `t * out`)."""
+
+    def rule(primals, tangents, **params):
+        out = bind(prim, *primals, **params)
+        total = None
+        for fn, t in zip(fns, tangents):
+            if fn is None or type(t) is Zero:
+                continue
+            c = fn(t, out, *primals, **params)
+            total = _accumulate(total, c, out)
+        return out, Zero(aval_of(out)) if total is None else total
+
+    jvp_rules[prim] = rule
+    return rule
+
+
+def defzero_jvp(prim):
+    """The primitive's output does not change with its inputs (comparisons,
+    argmax, iota, ...): its tangents are symbolic zeros."""
+
+    def rule(primals, tangents, **params):
+        out = bind(prim, *primals, **params)
+        if prim.multiple_results:
+            return out, [Zero(aval_of(o)) for o in out]
+        return out, Zero(aval_of(out))
+
+    jvp_rules[prim] = rule
+    return rule
+
+
+# --------------------------------------------------------------------------
+# Batching helpers
+
+
+def moveaxis(x, src, dst):
+    """Move axis `src` of `x` to position `dst`."""
+    if src == dst:
+        return x
+    from .structural import transpose
+
+    nd = aval_of(x).ndim
+    perm = [i for i in range(nd) if i != src]
+    perm.insert(dst, src)
+    return transpose(x, tuple(perm))
+
+
+def bdim_to_front(x, d, size):
+    """`x` with its batch axis first; an unbatched value (d is None) is
+    broadcast along a new leading axis of `size`."""
+    if d is None:
+        from .structural import broadcast_in_dim
+
+        shape = aval_of(x).shape
+        return broadcast_in_dim(x, (size,) + shape, tuple(range(1, len(shape) + 1)))
+    return moveaxis(x, d, 0)
+
+
+def unary_batch(prim):
+    """Batching for elementwise unary primitives: batch axis unchanged."""
+
+    def rule(size, vals, dims, **params):
+        return bind(prim, vals[0], **params), dims[0]
+
+    batch_rules[prim] = rule
+    return rule
+
+
+def broadcasting_batch(prim):
+    """Batching for elementwise n-ary primitives with lax broadcasting."""
+
+    def rule(size, vals, dims, **params):
+        bd = None
+        nd = None
+        simple = True
+        for v, d in zip(vals, dims):
+            if d is None:
+                if aval_of(v).shape != ():
+                    simple = False
+            else:
+                n = aval_of(v).ndim
+                if bd is None:
+                    bd, nd = d, n
+                elif d != bd or n != nd:
+                    simple = False
+        if simple:
+            return bind(prim, *vals, **params), bd
+        from .structural import reshape
+
+        logical = max(aval_of(v).ndim - (d is not None) for v, d in zip(vals, dims))
+        new = []
+        for v, d in zip(vals, dims):
+            a = aval_of(v)
+            if d is None:
+                if a.shape != ():
+                    v = reshape(v, (1,) + a.shape)
+            else:
+                v = moveaxis(v, d, 0)
+                if a.ndim - 1 < logical:  # a batched logical scalar
+                    v = reshape(v, (size,) + (1,) * logical)
+            new.append(v)
+        return bind(prim, *new, **params), 0
+
+    batch_rules[prim] = rule
+    return rule

@@ -1,0 +1,133 @@
+"""dot_general: contraction with batch dimensions (matmul, einsum, dot).
+
+Output layout (as lax): batch dimensions, then the lhs free dimensions,
+then the rhs free dimensions, each in increasing axis order.
+"""
+
+import numpy as np
+from jax import lax
+
+from ..core import Aval, aval_of, bind
+from .common import (
+    batch_rules,
+    defjvp,
+    defprim,
+    is_linear,
+    moveaxis,
+    shape_rules,
+    transpose_rules,
+)
+from . import structural as st
+
+dot_general_p = defprim("dot_general", lax.dot_general_p)
+
+
+def dot_general(lhs, rhs, dimension_numbers, preferred_element_type=None):
+    (lc, rc), (lb, rb) = dimension_numbers
+    dn = ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+    return bind(
+        dot_general_p, lhs, rhs, dimension_numbers=dn, precision=None,
+        preferred_element_type=preferred_element_type, out_sharding=None,
+    )
+
+
+def _free(ndim, contract, batch):
+    return tuple(i for i in range(ndim) if i not in contract and i not in batch)
+
+
+def _dot_shape(lhs, rhs, *, dimension_numbers, precision, preferred_element_type, **params):
+    (lc, rc), (lb, rb) = dimension_numbers
+    shape = (
+        tuple(lhs.shape[i] for i in lb)
+        + tuple(lhs.shape[i] for i in _free(lhs.ndim, lc, lb))
+        + tuple(rhs.shape[i] for i in _free(rhs.ndim, rc, rb))
+    )
+    dtype = np.dtype(preferred_element_type) if preferred_element_type is not None else lhs.dtype
+    return Aval(shape, dtype, lhs.weak_type and rhs.weak_type)
+
+
+shape_rules[dot_general_p] = _dot_shape
+defjvp(
+    dot_general_p,
+    lambda t, x, y, **p: bind(dot_general_p, t, y, **p),
+    lambda t, x, y, **p: bind(dot_general_p, x, t, **p),
+)
+
+
+def _transposed(ct, other, ct_other_axes, other_axes, batch_other, nb, n_kept, kept,
+                contract, other_contract, ndim, dtype, params):
+    """The cotangent of one operand: contract `ct` with `other`, then put the
+    axes back in the operand's order.
+
+    The product's axes are: batch, the operand's free axes (`kept`, the
+    ones `ct` still has), then the operand's contracted axes in the order of
+    their partners' (`other_contract`) positions in `other`.
+    """
+    dn = ((ct_other_axes, other_axes), (tuple(range(nb)), batch_other))
+    pet = params["preferred_element_type"]
+    prod = bind(
+        dot_general_p, ct, other, dimension_numbers=dn, precision=params["precision"],
+        preferred_element_type=None if pet is None else dtype, out_sharding=None,
+    )
+    order = np.argsort(other_contract)
+    position = {}
+    for k, i in enumerate(params["batch_self"]):
+        position[i] = k
+    for k, i in enumerate(kept):
+        position[i] = nb + k
+    for rank, c in enumerate(order):
+        position[contract[c]] = nb + n_kept + rank
+    perm = tuple(position[i] for i in range(ndim))
+    return st.transpose(prod, perm)
+
+
+def _dot_transpose(ct, x, y, *, dimension_numbers, **params):
+    (lc, rc), (lb, rb) = dimension_numbers
+    xa = x.aval if is_linear(x) else aval_of(x)
+    ya = y.aval if is_linear(y) else aval_of(y)
+    nb = len(lb)
+    x_kept = _free(xa.ndim, lc, lb)
+    y_kept = _free(ya.ndim, rc, rb)
+    ct_x_axes = tuple(range(nb, nb + len(x_kept)))
+    ct_y_axes = tuple(range(nb + len(x_kept), nb + len(x_kept) + len(y_kept)))
+    out = [None, None]
+    if is_linear(x):
+        out[0] = _transposed(
+            ct, y, ct_y_axes, y_kept, tuple(rb), nb, len(x_kept), x_kept, lc, rc,
+            xa.ndim, xa.dtype, dict(params, batch_self=lb),
+        )
+    if is_linear(y):
+        out[1] = _transposed(
+            ct, x, ct_x_axes, x_kept, tuple(lb), nb, len(y_kept), y_kept, rc, lc,
+            ya.ndim, ya.dtype, dict(params, batch_self=rb),
+        )
+    return out
+
+
+transpose_rules[dot_general_p] = _dot_transpose
+
+
+def _shift(axes):
+    return tuple(a + 1 for a in axes)
+
+
+def _dot_batch(size, vals, dims, *, dimension_numbers, **params):
+    x, y = vals
+    xd, yd = dims
+    (lc, rc), (lb, rb) = dimension_numbers
+    if xd is not None and yd is not None:
+        x, y = moveaxis(x, xd, 0), moveaxis(y, yd, 0)
+        dn = ((_shift(lc), _shift(rc)), ((0,) + _shift(lb), (0,) + _shift(rb)))
+        return bind(dot_general_p, x, y, dimension_numbers=dn, **params), 0
+    if xd is not None:
+        # The batch axis becomes lhs's first free axis.
+        x = moveaxis(x, xd, 0)
+        dn = ((_shift(lc), rc), (_shift(lb), rb))
+        return bind(dot_general_p, x, y, dimension_numbers=dn, **params), len(lb)
+    y = moveaxis(y, yd, 0)
+    dn = ((lc, _shift(rc)), (lb, _shift(rb)))
+    n_x_free = aval_of(x).ndim - len(lc) - len(lb)
+    return bind(dot_general_p, x, y, dimension_numbers=dn, **params), len(lb) + n_x_free
+
+
+batch_rules[dot_general_p] = _dot_batch

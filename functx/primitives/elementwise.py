@@ -1,0 +1,619 @@
+"""Elementwise primitives: arithmetic, transcendental functions,
+comparisons, logic, select and clamp.
+
+Each primitive is followed by its rules. Binary primitives follow lax
+broadcasting (equal ranks with size-1 dimensions, or rank-0 operands).
+"""
+
+import math
+
+import numpy as np
+from jax import lax
+
+from ..core import Aval, FROM_JAX, Primitive, Zero, aval_of, bind
+from ..interpreters.eval import lower_to_jax
+from .common import (
+    batch_rules,
+    broadcast_shapes,
+    broadcast_to_shape,
+    broadcasting_batch,
+    defjvp,
+    defjvp_out,
+    defprim,
+    defzero_jvp,
+    is_linear,
+    jvp_rules,
+    nary_predicate_shape,
+    nary_shape,
+    predicate_shape,
+    same_aval,
+    scalar_like,
+    shape_rules,
+    transpose_rules,
+    unary_batch,
+    unbroadcast,
+)
+
+
+def _unary(name, jax_prim, shape=same_aval):
+    p = defprim(name, jax_prim)
+    shape_rules[p] = shape
+    unary_batch(p)
+    return p
+
+
+def _binary(name, jax_prim, predicate=False):
+    p = defprim(name, jax_prim)
+    shape_rules[p] = nary_predicate_shape(name) if predicate else nary_shape(name)
+    broadcasting_batch(p)
+    return p
+
+
+def _acc(p):
+    """Binder for a unary primitive that takes lax's `accuracy` parameter."""
+    return lambda x: bind(p, x, accuracy=None)
+
+
+def _plain(p):
+    return lambda *xs: bind(p, *xs)
+
+
+def _linear_unary_transpose(fn):
+    def rule(ct, x, **params):
+        return [fn(ct, **params)]
+
+    return rule
+
+
+# --------------------------------------------------------------------------
+# Arithmetic
+
+neg_p = _unary("neg", lax.neg_p)
+neg = _plain(neg_p)
+defjvp(neg_p, lambda t, x: neg(t))
+transpose_rules[neg_p] = _linear_unary_transpose(lambda ct: neg(ct))
+
+add_p = _binary("add", lax.add_p)
+add = _plain(add_p)
+defjvp(add_p, lambda t, x, y: t, lambda t, x, y: t)
+
+
+def _add_transpose(ct, x, y):
+    return [
+        unbroadcast(ct, x.aval) if is_linear(x) else None,
+        unbroadcast(ct, y.aval) if is_linear(y) else None,
+    ]
+
+
+transpose_rules[add_p] = _add_transpose
+
+# add_any accumulates tangents and cotangents (JAX's add_jaxvals); operands
+# always have equal shapes.
+add_any_p = Primitive("add_any")
+add_any_p.jax = lax.add_p
+lower_to_jax(add_any_p)
+try:
+    from jax._src.ad_util import add_jaxvals_p as _jax_add_any
+
+    FROM_JAX[_jax_add_any] = add_any_p
+except ImportError:  # pragma: no cover - older/newer JAX layouts
+    pass
+shape_rules[add_any_p] = nary_shape("add_any")
+broadcasting_batch(add_any_p)
+add_any = _plain(add_any_p)
+defjvp(add_any_p, lambda t, x, y: t, lambda t, x, y: t)
+transpose_rules[add_any_p] = _add_transpose
+
+sub_p = _binary("sub", lax.sub_p)
+sub = _plain(sub_p)
+defjvp(sub_p, lambda t, x, y: t, lambda t, x, y: neg(t))
+transpose_rules[sub_p] = lambda ct, x, y: [
+    unbroadcast(ct, x.aval) if is_linear(x) else None,
+    unbroadcast(neg(ct), y.aval) if is_linear(y) else None,
+]
+
+mul_p = _binary("mul", lax.mul_p)
+
+
+def mul(x, y):
+    return bind(mul_p, x, y, out_dtype=None)
+
+
+defjvp(mul_p, lambda t, x, y, **p: mul(t, y), lambda t, x, y, **p: mul(x, t))
+
+
+def _mul_transpose(ct, x, y, **params):
+    if is_linear(x):
+        if is_linear(y):
+            raise NotImplementedError("mul: both operands are linear (a non-linear use of tangents)")
+        return [unbroadcast(mul(ct, y), x.aval), None]
+    return [None, unbroadcast(mul(x, ct), y.aval)]
+
+
+transpose_rules[mul_p] = _mul_transpose
+
+div_p = _binary("div", lax.div_p)
+div = _plain(div_p)
+defjvp(
+    div_p,
+    lambda t, x, y: div(t, y),
+    lambda t, x, y: mul(mul(neg(t), x), integer_pow(y, -2)),
+)
+
+
+def _div_transpose(ct, x, y):
+    assert is_linear(x) and not is_linear(y), "div is linear in its numerator only"
+    return [unbroadcast(div(ct, y), x.aval), None]
+
+
+transpose_rules[div_p] = _div_transpose
+
+rem_p = _binary("rem", lax.rem_p)
+rem = _plain(rem_p)
+
+
+def _trunc_div(x, y):
+    q = div(x, y)
+    return mul(sign(q), floor(abs(q)))
+
+
+defjvp(rem_p, lambda t, x, y: t, lambda t, x, y: mul(neg(t), _trunc_div(x, y)))
+
+
+def _where(pred, on_true, on_false):
+    """select with lax broadcasting of all three operands."""
+    avals = [aval_of(pred), aval_of(on_true), aval_of(on_false)]
+    shape = broadcast_shapes("where", avals)
+    pred, on_true, on_false = (broadcast_to_shape(v, shape) for v in (pred, on_true, on_false))
+    return bind(select_n_p, pred, on_false, on_true)
+
+
+pow_p = _binary("pow", lax.pow_p)
+pow = _plain(pow_p)
+
+
+def _pow_jvp_x(t, x, y):
+    if not np.issubdtype(aval_of(y).dtype, np.inexact):
+        y = convert_element_type(y, aval_of(x).dtype)
+    one = scalar_like(y, 1)
+    jac = mul(y, pow(x, sub(y, one)))
+    jac = _where(eq(y, scalar_like(y, 0)), scalar_like(jac, 0), jac)
+    return mul(t, jac)
+
+
+def _pow_jvp_y(t, out, x, y):
+    safe_x = _where(eq(x, scalar_like(x, 0)), scalar_like(x, 1), x)
+    return mul(t, mul(log(safe_x), out))
+
+
+defjvp_out(pow_p, lambda t, out, x, y: _pow_jvp_x(t, x, y), _pow_jvp_y)
+
+integer_pow_p = _unary("integer_pow", lax.integer_pow_p)
+
+
+def integer_pow(x, y):
+    return bind(integer_pow_p, x, y=y)
+
+
+def _integer_pow_jvp(t, x, *, y):
+    if y == 0:
+        return Zero(aval_of(t))
+    if y == 1:
+        return t
+    return mul(t, mul(scalar_like(x, y), integer_pow(x, y - 1)))
+
+
+defjvp(integer_pow_p, _integer_pow_jvp)
+
+square_p = _unary("square", lax.square_p)
+square = _plain(square_p)
+defjvp(square_p, lambda t, x: mul(t, mul(scalar_like(x, 2), x)))
+
+
+def _weights(x, y, strict, tie):
+    """Where each operand wins in max/min: 1, 0.5 on ties, 0 otherwise."""
+    dtype = aval_of(x).dtype
+    w = convert_element_type(strict(x, y), dtype)
+    return add(w, mul(convert_element_type(tie(x, y), dtype), scalar_like(x, 0.5)))
+
+
+max_p = _binary("max", lax.max_p)
+max = _plain(max_p)
+defjvp(
+    max_p,
+    lambda t, x, y: mul(t, _weights(x, y, gt, eq)),
+    lambda t, x, y: mul(t, _weights(y, x, gt, eq)),
+)
+
+min_p = _binary("min", lax.min_p)
+min = _plain(min_p)
+defjvp(
+    min_p,
+    lambda t, x, y: mul(t, _weights(x, y, lt, eq)),
+    lambda t, x, y: mul(t, _weights(y, x, lt, eq)),
+)
+
+atan2_p = _binary("atan2", lax.atan2_p)
+atan2 = _plain(atan2_p)
+defjvp(
+    atan2_p,
+    lambda t, x, y: mul(t, div(y, add(square(x), square(y)))),
+    lambda t, x, y: mul(t, div(neg(x), add(square(x), square(y)))),
+)
+
+nextafter_p = _binary("nextafter", lax.nextafter_p)
+defzero_jvp(nextafter_p)
+
+abs_p = _unary("abs", lax.abs_p)
+abs = _plain(abs_p)
+defjvp(abs_p, lambda t, x: mul(t, sign(x)))
+
+sign_p = _unary("sign", lax.sign_p)
+sign = _plain(sign_p)
+defzero_jvp(sign_p)
+
+floor_p = _unary("floor", lax.floor_p)
+floor = _plain(floor_p)
+defzero_jvp(floor_p)
+
+ceil_p = _unary("ceil", lax.ceil_p)
+defzero_jvp(ceil_p)
+
+round_p = _unary("round", lax.round_p)
+defzero_jvp(round_p)
+
+is_finite_p = _unary("is_finite", lax.is_finite_p, shape=predicate_shape)
+defzero_jvp(is_finite_p)
+
+# --------------------------------------------------------------------------
+# Exponentials, logarithms, powers
+
+exp_p = _unary("exp", lax.exp_p)
+exp = _acc(exp_p)
+defjvp_out(exp_p, lambda t, out, x, **p: mul(t, out))
+
+exp2_p = _unary("exp2", lax.exp2_p)
+defjvp_out(exp2_p, lambda t, out, x, **p: mul(t, mul(out, scalar_like(x, math.log(2.0)))))
+
+log_p = _unary("log", lax.log_p)
+log = _acc(log_p)
+defjvp(log_p, lambda t, x, **p: div(t, x))
+
+log1p_p = _unary("log1p", lax.log1p_p)
+defjvp(log1p_p, lambda t, x, **p: div(t, add(x, scalar_like(x, 1))))
+
+expm1_p = _unary("expm1", lax.expm1_p)
+defjvp_out(expm1_p, lambda t, out, x, **p: mul(t, add(out, scalar_like(out, 1))))
+
+sqrt_p = _unary("sqrt", lax.sqrt_p)
+sqrt = _acc(sqrt_p)
+defjvp_out(sqrt_p, lambda t, out, x, **p: div(t, mul(out, scalar_like(out, 2))))
+
+rsqrt_p = _unary("rsqrt", lax.rsqrt_p)
+rsqrt = _acc(rsqrt_p)
+defjvp_out(
+    rsqrt_p,
+    lambda t, out, x, **p: mul(t, mul(div(out, x), scalar_like(x, -0.5))),
+)
+
+cbrt_p = _unary("cbrt", lax.cbrt_p)
+defjvp_out(
+    cbrt_p,
+    lambda t, out, x, **p: mul(t, mul(integer_pow(out, -2), scalar_like(out, 1.0 / 3.0))),
+)
+
+logistic_p = _unary("logistic", lax.logistic_p)
+logistic = _acc(logistic_p)
+defjvp_out(
+    logistic_p,
+    lambda t, out, x, **p: mul(t, mul(out, sub(scalar_like(out, 1), out))),
+)
+
+# --------------------------------------------------------------------------
+# Trigonometric and hyperbolic functions
+
+sin_p = _unary("sin", lax.sin_p)
+sin = _acc(sin_p)
+cos_p = _unary("cos", lax.cos_p)
+cos = _acc(cos_p)
+defjvp(sin_p, lambda t, x, **p: mul(t, cos(x)))
+defjvp(cos_p, lambda t, x, **p: neg(mul(t, sin(x))))
+
+tan_p = _unary("tan", lax.tan_p)
+defjvp_out(tan_p, lambda t, out, x, **p: mul(t, add(scalar_like(out, 1), square(out))))
+
+asin_p = _unary("asin", lax.asin_p)
+defjvp(asin_p, lambda t, x: mul(t, rsqrt(sub(scalar_like(x, 1), square(x)))))
+
+acos_p = _unary("acos", lax.acos_p)
+defjvp(acos_p, lambda t, x: neg(mul(t, rsqrt(sub(scalar_like(x, 1), square(x))))))
+
+atan_p = _unary("atan", lax.atan_p)
+defjvp(atan_p, lambda t, x: div(t, add(scalar_like(x, 1), square(x))))
+
+sinh_p = _unary("sinh", lax.sinh_p)
+sinh = _plain(sinh_p)
+cosh_p = _unary("cosh", lax.cosh_p)
+cosh = _plain(cosh_p)
+defjvp(sinh_p, lambda t, x: mul(t, cosh(x)))
+defjvp(cosh_p, lambda t, x: mul(t, sinh(x)))
+
+tanh_p = _unary("tanh", lax.tanh_p)
+tanh = _acc(tanh_p)
+defjvp_out(tanh_p, lambda t, out, x, **p: mul(t, sub(scalar_like(out, 1), square(out))))
+
+asinh_p = _unary("asinh", lax.asinh_p)
+defjvp(asinh_p, lambda t, x: mul(t, rsqrt(add(square(x), scalar_like(x, 1)))))
+
+acosh_p = _unary("acosh", lax.acosh_p)
+defjvp(
+    acosh_p,
+    lambda t, x: mul(t, rsqrt(mul(sub(x, scalar_like(x, 1)), add(x, scalar_like(x, 1))))),
+)
+
+atanh_p = _unary("atanh", lax.atanh_p)
+defjvp(atanh_p, lambda t, x: div(t, sub(scalar_like(x, 1), square(x))))
+
+# --------------------------------------------------------------------------
+# Special functions
+
+erf_p = _unary("erf", lax.erf_p)
+defjvp(
+    erf_p,
+    lambda t, x: mul(t, mul(scalar_like(x, 2.0 / math.sqrt(math.pi)), exp(neg(square(x))))),
+)
+
+erfc_p = _unary("erfc", lax.erfc_p)
+defjvp(
+    erfc_p,
+    lambda t, x: mul(t, mul(scalar_like(x, -2.0 / math.sqrt(math.pi)), exp(neg(square(x))))),
+)
+
+erf_inv_p = _unary("erf_inv", lax.erf_inv_p)
+defjvp_out(
+    erf_inv_p,
+    lambda t, out, x: mul(t, mul(scalar_like(x, math.sqrt(math.pi) / 2.0), exp(square(out)))),
+)
+
+lgamma_p = _unary("lgamma", lax.lgamma_p)
+digamma_p = _unary("digamma", lax.digamma_p)
+digamma = _plain(digamma_p)
+defjvp(lgamma_p, lambda t, x: mul(t, digamma(x)))
+
+polygamma_p = _binary("polygamma", lax.polygamma_p)
+polygamma = _plain(polygamma_p)
+defjvp(
+    polygamma_p,
+    None,
+    lambda t, m, x: mul(t, polygamma(add(m, scalar_like(m, 1)), x)),
+)
+defjvp(digamma_p, lambda t, x: mul(t, polygamma(scalar_like(x, 1), x)))
+
+igamma_grad_a_p = _binary("igamma_grad_a", lax.igamma_grad_a_p)
+
+
+def _igamma_dx(a, x):
+    return exp(sub(sub(mul(sub(a, scalar_like(a, 1)), log(x)), x), bind(lgamma_p, a)))
+
+
+igamma_p = _binary("igamma", lax.igamma_p)
+defjvp(
+    igamma_p,
+    lambda t, a, x: mul(t, bind(igamma_grad_a_p, a, x)),
+    lambda t, a, x: mul(t, _igamma_dx(a, x)),
+)
+igammac_p = _binary("igammac", lax.igammac_p)
+defjvp(
+    igammac_p,
+    lambda t, a, x: neg(mul(t, bind(igamma_grad_a_p, a, x))),
+    lambda t, a, x: neg(mul(t, _igamma_dx(a, x))),
+)
+
+# --------------------------------------------------------------------------
+# Comparisons, logic and bit operations: zero derivatives
+
+eq_p = _binary("eq", lax.eq_p, predicate=True)
+ne_p = _binary("ne", lax.ne_p, predicate=True)
+lt_p = _binary("lt", lax.lt_p, predicate=True)
+le_p = _binary("le", lax.le_p, predicate=True)
+gt_p = _binary("gt", lax.gt_p, predicate=True)
+ge_p = _binary("ge", lax.ge_p, predicate=True)
+eq, ne, lt, le, gt, ge = (_plain(p) for p in (eq_p, ne_p, lt_p, le_p, gt_p, ge_p))
+
+and_p = _binary("and", lax.and_p)
+or_p = _binary("or", lax.or_p)
+xor_p = _binary("xor", lax.xor_p)
+and_, or_ = _plain(and_p), _plain(or_p)
+not_p = _unary("not", lax.not_p)
+shift_left_p = _binary("shift_left", lax.shift_left_p)
+shift_right_arithmetic_p = _binary("shift_right_arithmetic", lax.shift_right_arithmetic_p)
+shift_right_logical_p = _binary("shift_right_logical", lax.shift_right_logical_p)
+population_count_p = _unary("population_count", lax.population_count_p)
+clz_p = _unary("clz", lax.clz_p)
+
+for _p in (eq_p, ne_p, lt_p, le_p, gt_p, ge_p, and_p, or_p, xor_p, not_p,
+           shift_left_p, shift_right_arithmetic_p, shift_right_logical_p,
+           population_count_p, clz_p):
+    defzero_jvp(_p)
+
+stop_gradient_p = _unary("stop_gradient", getattr(lax, "stop_gradient_p", None))
+if stop_gradient_p.jax is None:  # pragma: no cover - JAX without the primitive
+    from ..interpreters.eval import defimpl
+
+    defimpl(stop_gradient_p, lax.stop_gradient)
+defzero_jvp(stop_gradient_p)
+
+
+def stop_gradient(x):
+    return bind(stop_gradient_p, x)
+
+
+# --------------------------------------------------------------------------
+# Identity-like linear operations
+
+copy_p = _unary("copy", lax.copy_p)
+defjvp(copy_p, lambda t, x: bind(copy_p, t))
+transpose_rules[copy_p] = _linear_unary_transpose(lambda ct: ct)
+
+reduce_precision_p = _unary("reduce_precision", lax.reduce_precision_p)
+defjvp(reduce_precision_p, lambda t, x, **p: bind(reduce_precision_p, t, **p))
+transpose_rules[reduce_precision_p] = _linear_unary_transpose(
+    lambda ct, **p: bind(reduce_precision_p, ct, **p)
+)
+
+# --------------------------------------------------------------------------
+# convert_element_type
+
+convert_element_type_p = defprim("convert_element_type", lax.convert_element_type_p)
+
+
+def convert_element_type(x, dtype, weak_type=False):
+    dtype = np.dtype(dtype)
+    if aval_of(x).dtype == dtype and not aval_of(x).weak_type and not weak_type:
+        return x
+    return bind(convert_element_type_p, x, new_dtype=dtype, weak_type=weak_type, sharding=None)
+
+
+shape_rules[convert_element_type_p] = lambda a, *, new_dtype, weak_type, sharding: Aval(
+    a.shape, np.dtype(new_dtype), weak_type
+)
+unary_batch(convert_element_type_p)
+
+
+def _convert_jvp(primals, tangents, *, new_dtype, weak_type, sharding):
+    (x,), (t,) = primals, tangents
+    out = bind(convert_element_type_p, x, new_dtype=new_dtype, weak_type=weak_type, sharding=sharding)
+    floats = np.issubdtype(aval_of(x).dtype, np.inexact) and np.issubdtype(new_dtype, np.inexact)
+    if type(t) is Zero or not floats:
+        return out, Zero(aval_of(out))
+    return out, bind(convert_element_type_p, t, new_dtype=new_dtype, weak_type=weak_type, sharding=sharding)
+
+
+jvp_rules[convert_element_type_p] = _convert_jvp
+
+
+def _convert_transpose(ct, x, *, new_dtype, weak_type, sharding):
+    return [bind(convert_element_type_p, ct, new_dtype=x.aval.dtype,
+                 weak_type=x.aval.weak_type, sharding=sharding)]
+
+
+transpose_rules[convert_element_type_p] = _convert_transpose
+
+# --------------------------------------------------------------------------
+# select_n and clamp
+
+select_n_p = defprim("select_n", lax.select_n_p)
+
+
+def select_n(pred, *cases):
+    return bind(select_n_p, pred, *cases)
+
+
+def _select_n_shape(pred, *cases):
+    c = cases[0]
+    return Aval(c.shape, c.dtype, all(x.weak_type for x in cases))
+
+
+shape_rules[select_n_p] = _select_n_shape
+
+
+def _select_n_jvp(primals, tangents):
+    pred, *cases = primals
+    out = select_n(pred, *cases)
+    ts = tangents[1:]
+    if all(type(t) is Zero for t in ts):
+        return out, Zero(aval_of(out))
+    from .structural import full
+
+    ts = [full(t.aval.shape, 0, t.aval.dtype) if type(t) is Zero else t for t in ts]
+    return out, select_n(pred, *ts)
+
+
+jvp_rules[select_n_p] = _select_n_jvp
+
+
+def _select_n_transpose(ct, pred, *cases):
+    from .structural import full
+
+    assert not is_linear(pred)
+    zeros = full(aval_of(ct).shape, 0, aval_of(ct).dtype)
+    out = [None]
+    for i, c in enumerate(cases):
+        if is_linear(c):
+            out.append(select_n(pred, *[ct if j == i else zeros for j in range(len(cases))]))
+        else:
+            out.append(None)
+    return out
+
+
+transpose_rules[select_n_p] = _select_n_transpose
+
+
+def _select_n_batch(size, vals, dims):
+    from .common import bdim_to_front
+    from .structural import broadcast_in_dim
+
+    pred, *cases = vals
+    pdim, *cdims = dims
+    case_aval = aval_of(cases[0]) if cdims[0] is None else None
+    if pdim is None and aval_of(pred).shape == ():
+        # Scalar predicate: only the cases need aligning.
+        if all(d == cdims[0] for d in cdims) and cdims[0] is not None:
+            return select_n(pred, *cases), cdims[0]
+        return select_n(pred, *[bdim_to_front(c, d, size) for c, d in zip(cases, cdims)]), 0
+    cases = [bdim_to_front(c, d, size) for c, d in zip(cases, cdims)]
+    full_shape = aval_of(cases[0]).shape
+    pred = bdim_to_front(pred, pdim, size)
+    if aval_of(pred).shape != full_shape:  # a batched scalar predicate
+        pred = broadcast_in_dim(pred, full_shape, (0,))
+    del case_aval
+    return select_n(pred, *cases), 0
+
+
+batch_rules[select_n_p] = _select_n_batch
+
+clamp_p = defprim("clamp", lax.clamp_p)
+
+
+def clamp(lo, x, hi):
+    return bind(clamp_p, lo, x, hi)
+
+
+shape_rules[clamp_p] = lambda lo, x, hi: x
+
+
+def _mask(pred, like):
+    return convert_element_type(pred, aval_of(like).dtype)
+
+
+defjvp(
+    clamp_p,
+    lambda t, lo, x, hi: mul(t, _mask(gt(lo, x), x)),
+    lambda t, lo, x, hi: mul(t, _mask(and_(gt(x, lo), lt(x, hi)), x)),
+    lambda t, lo, x, hi: mul(t, _mask(lt(hi, x), x)),
+)
+
+
+def _clamp_batch(size, vals, dims):
+    from .common import bdim_to_front
+    from .structural import broadcast_in_dim
+
+    lo, x, hi = vals
+    ldim, xdim, hdim = dims
+    if ldim is None and hdim is None and aval_of(lo).shape == () and aval_of(hi).shape == ():
+        return clamp(lo, x, hi), xdim
+    x = bdim_to_front(x, xdim, size)
+    shape = aval_of(x).shape
+    out = []
+    for v, d in ((lo, ldim), (hi, hdim)):
+        if d is None and aval_of(v).shape == ():
+            out.append(v)
+            continue
+        v = bdim_to_front(v, d, size)
+        if aval_of(v).shape != shape:  # batched scalar bound
+            v = broadcast_in_dim(v, shape, (0,))
+        out.append(v)
+    return clamp(out[0], x, out[1]), 0
+
+
+batch_rules[clamp_p] = _clamp_batch

@@ -1,0 +1,6 @@
+"""The public transforms (torch.func interface): one module per family."""
+
+from .grad import grad, grad_and_value, vjp  # noqa: F401
+from .jacobians import hessian, hvp, jacfwd, jacrev, vhp  # noqa: F401
+from .jvp import jvp, linearize  # noqa: F401
+from .vmap import vmap  # noqa: F401

@@ -1,0 +1,113 @@
+"""Forward-mode transforms: jvp and linearize."""
+
+from jax import tree_util
+
+from ..core import Zero, aval_of, new_interpreter
+from ..errors import FunctxTypeError
+from ..interpreters.jvp import JVPInterpreter, JVPTracer
+from . import _args
+from .grad import linearize_reverse
+
+
+def _check_tuple(x, call, name):
+    if not isinstance(x, (tuple, list)):
+        raise FunctxTypeError(
+            f"{call}: expected `{name}` to be a tuple with one entry per positional "
+            f"argument, got {type(x).__name__}. Write ({name[:-1]},) for a single one."
+        )
+    return tuple(x)
+
+
+def jvp_flat(func, primals, tangents, has_aux, call):
+    """Run `func(*primals)` pushing `tangents` forward. Returns (flat outputs,
+    flat output tangents with zeros materialised, output tree, aux)."""
+    p_flat, p_tree = tree_util.tree_flatten(primals)
+    t_flat, t_tree = tree_util.tree_flatten(tangents)
+    _args.check_same_structure(
+        p_tree, t_tree, call, "tangents",
+        "Pass one tangent per primal, in the primals' structure.",
+    )
+    p_flat = [_args.as_array(x, call, "a primal") for x in p_flat]
+    t_flat = [_args.as_array(x, call, "a tangent") for x in t_flat]
+    _args.check_differentiable(p_flat, call, "a primal")
+    _args.check_same_avals(p_flat, t_flat, call, "tangent")
+    interp = JVPInterpreter(call.split("(")[0])
+    with new_interpreter(interp):
+        boxed = [JVPTracer(interp, p, t) for p, t in zip(p_flat, t_flat)]
+        out = func(*tree_util.tree_unflatten(p_tree, boxed))
+        aux = None
+        if has_aux:
+            out, aux = _args.split_aux(out, call)
+        out_flat, out_tree = _args.flatten_outputs(out, call)
+        pairs = [interp.unbox(o) for o in out_flat]
+        if has_aux:
+            aux = tree_util.tree_map(lambda x: interp.unbox(x)[0], aux)
+    outs = [p for p, _ in pairs]
+    tans = [_args.zeros_for(aval_of(p)) if type(t) is Zero else t for p, t in pairs]
+    return outs, tans, out_tree, aux
+
+
+def jvp(func, primals, tangents, *, strict=False, has_aux=False):
+    """Jacobian-vector product (forward-mode AD).
+
+    Args:
+      func: a function of arrays (pytrees allowed).
+      primals: a tuple with one value per positional argument of `func`.
+      tangents: a tuple with the structure, shapes and dtypes of `primals`.
+      strict: accepted for torch.func compatibility (no effect).
+      has_aux: `func` returns `(output, aux)`.
+
+    Returns:
+      `(output, jvp_out)` or `(output, jvp_out, aux)`; `jvp_out` has the
+      structure of `output`.
+
+    Example:
+      >>> out, tangent = functx.jvp(f, (x,), (v,))
+      >>> hvp = functx.jvp(functx.grad(f), (x,), (v,))[1]   # forward-over-reverse
+    """
+    _args.check_callable(func, "jvp")
+    call = f"jvp({_args.fn_name(func)}, primals, tangents)"
+    primals = _check_tuple(primals, call, "primals")
+    tangents = _check_tuple(tangents, call, "tangents")
+    outs, tans, out_tree, aux = jvp_flat(func, primals, tangents, has_aux, call)
+    output = tree_util.tree_unflatten(out_tree, outs)
+    tangent_out = tree_util.tree_unflatten(out_tree, tans)
+    if has_aux:
+        return output, tangent_out, aux
+    return output, tangent_out
+
+
+def linearize(func, *primals):
+    """Run `func` once and return its linear approximation at `primals`.
+
+    Returns:
+      `(output, jvp_fn)`; `jvp_fn(*tangents)` gives the same result as
+      `jvp(func, primals, tangents)[1]` without re-running `func` (the
+      linear part was recorded once).
+
+    Example:
+      >>> out, jvp_fn = functx.linearize(f, x)
+      >>> columns = functx.vmap(jvp_fn)(basis)
+    """
+    _args.check_callable(func, "linearize")
+    call = f"linearize({_args.fn_name(func)}, *primals)"
+    _args.check_differentiable(
+        [_args.as_array(x, call, "a primal") for x in tree_util.tree_leaves(primals)], call, "a primal"
+    )
+    r = linearize_reverse(func, primals, False, call)
+    output = tree_util.tree_unflatten(r.out_tree, r.out)
+
+    def jvp_fn(*tangents):
+        fn_call = "linearize(...) jvp_fn(*tangents)"
+        flat, tree = tree_util.tree_flatten(tangents)
+        _args.check_same_structure(
+            r.in_tree, tree, fn_call, "tangents",
+            "Pass one tangent per primal given to linearize.",
+        )
+        flat = [_args.as_array(t, fn_call, "a tangent") for t in flat]
+        _args.check_same_avals(r.in_avals, flat, fn_call, "tangent")
+        outs = r.linear.forward(flat)
+        outs = [_args.zeros_for(a) if type(t) is Zero else t for t, a in zip(outs, r.out_avals)]
+        return tree_util.tree_unflatten(r.out_tree, outs)
+
+    return output, jvp_fn

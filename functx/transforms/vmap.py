@@ -1,0 +1,245 @@
+"""vmap: vectorizing map, with in_dims/out_dims pytrees, chunking and the
+randomness modes of torch.func.vmap."""
+
+import functools
+
+import numpy as np
+from jax import tree_util
+
+from ..core import Tracer, aval_of, new_interpreter
+from ..errors import FunctxTypeError, FunctxValueError
+from ..interpreters.batching import BatchInterpreter, BatchTracer
+from ..primitives import structural as st
+from ..primitives.common import moveaxis
+from . import _args
+
+_RANDOMNESS = ("error", "different", "same")
+
+
+def _is_dim_leaf(x):
+    return x is None or isinstance(x, (int, np.integer))
+
+
+def broadcast_dims(prefix, tree, call, what):
+    """Expand a pytree prefix of dims (ints/None) to one dim per leaf of
+    `tree`."""
+    per_leaf = []
+
+    def expand(d, sub):
+        if not _is_dim_leaf(d) or isinstance(d, bool):
+            raise FunctxTypeError(
+                f"{call}: {what} entries must be an int or None, got {d!r}."
+            )
+        per_leaf.append((d, len(tree_util.tree_leaves(sub))))
+        return None
+
+    try:
+        tree_util.tree_map(expand, prefix, tree, is_leaf=_is_dim_leaf)
+    except FunctxTypeError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise FunctxValueError(
+            f"{call}: {what}={prefix!r} does not match the structure of the values "
+            f"it describes ({_args.describe_tree(tree_util.tree_structure(tree))}). Give "
+            "an int/None, or a pytree prefix of the values with an int/None per part."
+        ) from e
+    out = []
+    for d, n in per_leaf:
+        out.extend([d] * n)
+    return out
+
+
+def _in_dims_per_leaf(in_dims, args, call):
+    if _is_dim_leaf(in_dims) and not isinstance(in_dims, bool):
+        return broadcast_dims(in_dims, args, call, "in_dims")
+    if not isinstance(in_dims, (tuple, list)):
+        raise FunctxTypeError(
+            f"{call}: in_dims must be an int, None, or a tuple with one entry per "
+            f"positional argument, got {type(in_dims).__name__}."
+        )
+    if len(in_dims) != len(args):
+        raise FunctxValueError(
+            f"{call}: in_dims has {len(in_dims)} entries but the function got "
+            f"{len(args)} positional argument{'s' if len(args) != 1 else ''}. Give one "
+            "in_dims entry per positional argument (None for those not mapped)."
+        )
+    dims = []
+    for i, (d, a) in enumerate(zip(in_dims, args)):
+        dims.extend(broadcast_dims(d, a, call, f"in_dims[{i}]"))
+    return dims
+
+
+def _leaf_names(args):
+    """A readable name for each leaf of the positional arguments."""
+    names = []
+    for i, a in enumerate(args):
+        paths = tree_util.tree_flatten_with_path(a)[0]
+        for path, _ in paths:
+            names.append(f"argument {i}" + tree_util.keystr(path))
+    return names
+
+
+def _check_batched(leaves, dims, args, call):
+    """Normalise in_dims and find the batch size; raise on bad dims or
+    mismatched sizes."""
+    names = None
+    size = None
+    sizes = []
+    norm = []
+    for k, (x, d) in enumerate(zip(leaves, dims)):
+        if d is None:
+            norm.append(None)
+            continue
+        names = names or _leaf_names(args)
+        if not hasattr(x, "shape") and not isinstance(x, Tracer):
+            raise FunctxTypeError(
+                f"{call}: in_dims={d} for {names[k]}, which is a {type(x).__name__}, "
+                "not an array. Use None in in_dims for non-array arguments."
+            )
+        nd = aval_of(x).ndim
+        if not -nd <= d < nd:
+            raise FunctxValueError(
+                f"{call}: in_dims={d} is out of range for {names[k]} of shape "
+                f"{tuple(aval_of(x).shape)}. Use a dimension in [{-nd}, {nd})"
+                + (" or None: a 0-d value cannot be mapped." if nd == 0 else ".")
+            )
+        d = d % nd
+        norm.append(d)
+        n = aval_of(x).shape[d]
+        sizes.append((names[k], d, n))
+        if size is None:
+            size = n
+    if size is None:
+        raise FunctxValueError(
+            f"{call}: no input is batched: in_dims is None for every argument. Give "
+            "at least one argument a batch dimension (e.g. in_dims=0)."
+        )
+    if any(n != size for _, _, n in sizes):
+        detail = ", ".join(f"{name} (in_dims={d}) has size {n}" for name, d, n in sizes)
+        raise FunctxValueError(
+            f"{call}: the mapped dimensions have different sizes: {detail}. Make them "
+            "equal, or set in_dims=None for arguments that should not be mapped."
+        )
+    return norm, size
+
+
+def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call):
+    interp = BatchInterpreter(size, randomness, "vmap")
+    with new_interpreter(interp):
+        boxed = [x if d is None else BatchTracer(interp, x, d) for x, d in zip(leaves, dims)]
+        out = func(*tree_util.tree_unflatten(in_tree, boxed), **kwargs)
+        out_flat, out_tree = _args.flatten_outputs(out, call)
+        unboxed = [interp.unbox(o) for o in out_flat]
+    if _is_dim_leaf(out_dims):
+        flat_out_dims = [out_dims] * len(out_flat)
+    elif isinstance(out_dims, tuple) and len(out_dims) == 1 and not isinstance(out, (tuple, list)):
+        flat_out_dims = [out_dims[0]] * len(out_flat)
+    else:
+        flat_out_dims = broadcast_dims(out_dims, out, call, "out_dims")
+    results = []
+    for k, ((val, bd), od) in enumerate(zip(unboxed, flat_out_dims)):
+        nd = aval_of(val).ndim + (bd is None)
+        if od is None:
+            if bd is not None:
+                raise FunctxValueError(
+                    f"{call}: out_dims is None for output {k}, but that output depends "
+                    "on the batched inputs. Give it an out_dims entry (e.g. 0), or make "
+                    "it independent of the mapped arguments."
+                )
+            results.append(val)
+            continue
+        if not -nd <= od < nd:
+            raise FunctxValueError(
+                f"{call}: out_dims={od} is out of range for output {k} of shape "
+                f"{tuple(aval_of(val).shape if bd is None else aval_of(val).shape[:bd] + aval_of(val).shape[bd + 1:])}"
+                f" (a batched output has {nd} dimensions). Use a dimension in [{-nd}, {nd})."
+            )
+        od = od % nd
+        if bd is None:
+            shape = list(aval_of(val).shape)
+            kept = tuple(i for i in range(nd) if i != od)
+            shape.insert(od, size)
+            results.append(st.broadcast_in_dim(val, tuple(shape), kept))
+        else:
+            results.append(moveaxis(val, bd, od))
+    return results, out_tree, flat_out_dims
+
+
+def _slice_along(x, d, start, stop):
+    shape = aval_of(x).shape
+    lo = [0] * len(shape)
+    hi = list(shape)
+    lo[d], hi[d] = start, stop
+    return st.slice(x, lo, hi)
+
+
+def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
+    """Vectorizing map: run `func` on every slice of its inputs along a
+    batch dimension, as one batched computation.
+
+    Args:
+      func: a function of arrays (pytrees allowed).
+      in_dims: the batch dimension of each input: an int or None for all
+        positional arguments, or a tuple with one entry per positional
+        argument, each an int, None (not mapped) or a pytree prefix of that
+        argument. Negative dimensions count from the end. Keyword arguments
+        are never mapped.
+      out_dims: where the batch dimension goes in each output: an int, None
+        (output must not depend on the batch) or a pytree prefix.
+      randomness: how functx's stateful random functions (functx.random.rand,
+        ..., functx.nn.dropout) behave inside: 'error' (raise), 'different'
+        (independent draws per batch element) or 'same' (one draw shared).
+      chunk_size: evaluate the batch in chunks of this size (bounded memory,
+        same result).
+
+    Returns:
+      The batched function.
+
+    Example:
+      >>> per_sample_grads = functx.vmap(functx.grad(loss), in_dims=(None, 0, 0))
+      >>> batched_jacobians = functx.vmap(functx.jacrev(f))(xs)
+    """
+    _args.check_callable(func, "vmap")
+    if randomness not in _RANDOMNESS:
+        raise FunctxValueError(
+            f"vmap({_args.fn_name(func)}, randomness={randomness!r}): randomness must be "
+            "one of 'error', 'different' or 'same'."
+        )
+    if chunk_size is not None and (
+        not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1
+    ):
+        raise FunctxValueError(
+            f"vmap({_args.fn_name(func)}, chunk_size={chunk_size!r}): chunk_size must be "
+            "None or a positive int."
+        )
+
+    @functools.wraps(func)
+    def wrapped(*args, **kwargs):
+        call = f"vmap({_args.fn_name(func)}, in_dims={in_dims!r}, out_dims={out_dims!r})(*args)"
+        dims = _in_dims_per_leaf(in_dims, args, call)
+        leaves, in_tree = tree_util.tree_flatten(args)
+        leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
+                  for x, d in zip(leaves, dims)]
+        dims, size = _check_batched(leaves, dims, args, call)
+        if chunk_size is None or chunk_size >= size:
+            outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size,
+                                           randomness, out_dims, call)
+            return tree_util.tree_unflatten(out_tree, outs)
+        chunks = []
+        for start in range(0, size, chunk_size):
+            stop = min(start + chunk_size, size)
+            part = [x if d is None else _slice_along(x, d, start, stop) for x, d in zip(leaves, dims)]
+            chunks.append(_vmap_once(func, part, dims, in_tree, kwargs, stop - start,
+                                     randomness, out_dims, call))
+        out_tree, flat_out_dims = chunks[0][1], chunks[0][2]
+        outs = []
+        for k, od in enumerate(flat_out_dims):
+            pieces = [c[0][k] for c in chunks]
+            if od is None:
+                outs.append(pieces[0])
+            else:
+                nd = aval_of(pieces[0]).ndim
+                outs.append(st.concatenate(pieces, od % nd))
+        return tree_util.tree_unflatten(out_tree, outs)
+
+    return wrapped
