@@ -164,10 +164,36 @@ scatter_sub_p = defprim("scatter-sub", lax.scatter_sub_p)
 _ALL_SCATTERS = (scatter_add_p, scatter_p, scatter_mul_p, scatter_min_p, scatter_max_p, scatter_sub_p)
 
 
+_COMBINERS = {}
+
+
+def _combiner(prim, dtype):
+    """The (update_jaxpr, update_consts) parameters JAX's scatter of kind
+    `prim` uses for `dtype`: how an update combines with the operand."""
+    if prim is scatter_p:
+        return None, ()
+    key = (prim, np.dtype(dtype))
+    if key not in _COMBINERS:
+        import jax
+
+        fn = {scatter_add_p: lax.scatter_add, scatter_mul_p: lax.scatter_mul,
+              scatter_min_p: lax.scatter_min, scatter_max_p: lax.scatter_max,
+              scatter_sub_p: lax.scatter_sub}[prim]
+        dn = ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                     scatter_dims_to_operand_dims=(0,))
+        jaxpr = jax.make_jaxpr(lambda o, i, u: fn(o, i, u, dn))(
+            np.zeros((1,), dtype), np.zeros((1, 1), np.int32), np.zeros((1,), dtype)
+        )
+        eqn = [e for e in jaxpr.jaxpr.eqns if e.primitive is prim.jax][0]
+        _COMBINERS[key] = (eqn.params["update_jaxpr"], eqn.params["update_consts"])
+    return _COMBINERS[key]
+
+
 def _scatter(prim, operand, indices, updates, dimension_numbers, *, mode, unique_indices=False,
              indices_are_sorted=False):
+    update_jaxpr, update_consts = _combiner(prim, aval_of(operand).dtype)
     return bind(
-        prim, operand, indices, updates, update_jaxpr=None, update_consts=(),
+        prim, operand, indices, updates, update_jaxpr=update_jaxpr, update_consts=update_consts,
         dimension_numbers=dimension_numbers, indices_are_sorted=indices_are_sorted,
         unique_indices=unique_indices, mode=GatherScatterMode.from_any(mode),
     )
@@ -278,12 +304,13 @@ def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_nu
                              indices_are_sorted)
     won = ew.eq(landed, ids)
     untouched = ew.eq(placed, np.array(0, np.int32))
-    add_params = dict(params, unique_indices=False)
-    out = bind(scatter_add_p, ew.select_n(untouched, _zeros(xa), x), idx,
-               ew.select_n(won, _zeros(ua), u), **add_params)
-    tangent = bind(scatter_add_p, ew.select_n(untouched, _zeros(xa), tx), idx,
-                   ew.select_n(won, _zeros(ua), tu), **add_params)
-    return out, tangent
+
+    def combine(operand, updates):
+        return scatter_add(ew.select_n(untouched, _zeros(xa), operand), idx,
+                           ew.select_n(won, _zeros(ua), updates), dn, mode=mode,
+                           indices_are_sorted=indices_are_sorted)
+
+    return combine(x, u), combine(tx, tu)
 
 
 jvp_rules[scatter_p] = _scatter_jvp
