@@ -384,9 +384,6 @@ class Tracer:
         v = self._concrete()
         return v.item() if hasattr(v, "item") else v
 
-    def __jax_array__(self):
-        raise jax_misuse_error(self)
-
     def __array__(self, *args, **kwargs):
         raise jax_misuse_error(self)
 
