@@ -417,11 +417,45 @@ def jax_misuse_error(value=None):
 
 def _register_with_jax():
     """Make JAX raise functx's explanatory error, not its own, when a functx
-    value reaches a JAX function."""
+    value reaches a JAX function.
+
+    JAX asks a per-type table for the abstract value of each argument; the
+    entry for functx tracers raises. `jax.jit`-wrapped functions (most of
+    jax.numpy) turn any TypeError raised there into their own message, so
+    their argument check is wrapped to look for functx values first."""
     from jax._src import core as jcore
 
     def _refuse(x):
         raise jax_misuse_error(x)
+
+    try:
+        from jax._src import pjit
+
+        infer = pjit._infer_input_type
+
+        def _infer_input_type(fun, dbg_fn, explicit_args):
+            for a in explicit_args:
+                if isinstance(a, Tracer):
+                    raise jax_misuse_error(a)
+            return infer(fun, dbg_fn, explicit_args)
+
+        pjit._infer_input_type = _infer_input_type
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
+        pass
+
+    # Primitive.bind wraps any TypeError from the table in its own message;
+    # surface ours instead (a try block costs nothing when nothing fails).
+    jax_bind = jcore.Primitive.bind
+
+    def bind(self, *args, **params):
+        try:
+            return jax_bind(self, *args, **params)
+        except TypeError as e:
+            if isinstance(e.__cause__, JaxOnFunctxValueError):
+                raise e.__cause__.with_traceback(None) from None
+            raise
+
+    jcore.Primitive.bind = bind
 
     jcore.pytype_aval_mappings[Tracer] = _refuse
     try:

@@ -211,9 +211,12 @@ op("scatter_add", lambda x, i, u: jnp.asarray(x).at[i].add(u), [U((5, 3)), I((4,
 op("scatter_set_unique", lambda x, u: jnp.asarray(x).at[1:3].set(u), [U((5, 3)), U((2, 3))])
 op("scatter_set_point", lambda x, u: jnp.asarray(x).at[2, 1].set(u), [U((5, 3)), U(())])
 op("scatter_set", lambda x, i, u: jnp.asarray(x).at[i].set(u), [U((5, 3)), I((4,), 0, 5), U((4, 3))])
-op("scatter_mul", lambda x, i, u: jnp.asarray(x).at[i].multiply(u), [U((5,)), I((3,), 0, 5), U((3,))])
-op("scatter_min", lambda x, i, u: jnp.asarray(x).at[i].min(u), [U((5,)), I((3,), 0, 5), U((3,))])
-op("scatter_max", lambda x, i, u: jnp.asarray(x).at[i].max(u), [U((5,)), I((3,), 0, 5), U((3,))])
+op("scatter_mul", lambda x, i, u: jnp.asarray(x).at[i].multiply(u, unique_indices=True),
+   [U((5,)), lambda rng: rng.permutation(5)[:3].astype(np.int32), U((3,))])
+op("scatter_mul_repeated", lambda x, i, u: jnp.asarray(x).at[i].multiply(u),
+   [U((5,)), I((4,), 0, 3), U((4,))], diff=(0,))
+op("scatter_min", lambda x, i, u: jnp.asarray(x).at[i].min(u), [U((5,)), I((4,), 0, 3), U((4,))])
+op("scatter_max", lambda x, i, u: jnp.asarray(x).at[i].max(u), [U((5, 2)), I((4,), 0, 3), U((4, 2))])
 
 # --------------------------------------------------------------------------
 # dot_general
@@ -260,8 +263,4 @@ op("argsort", lambda x: jnp.argsort(x, axis=1), [U(S)], nondiff=True)
 # --------------------------------------------------------------------------
 # Known gaps: name -> reason. Checked: each listed record does fail.
 
-XFAIL = {
-    "scatter_mul": "scatter-mul has no derivative rule yet (issue 5)",
-    "scatter_min": "scatter-min has no derivative rule yet (issue 5)",
-    "scatter_max": "scatter-max has no derivative rule yet (issue 5)",
-}
+XFAIL = {}

@@ -332,6 +332,75 @@ def _scatter_transpose(ct, x, idx, u, *, update_jaxpr, update_consts, dimension_
 transpose_rules[scatter_p] = _scatter_transpose
 
 
+def _scatter_mul_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_numbers,
+                     indices_are_sorted, unique_indices, mode):
+    """out = x * M with M the product of the updates landing on each place:
+    linear in x; in the updates only with unique indices (else a zero update
+    makes the product rule ill-defined), like JAX."""
+    (x, idx, u), (tx, _, tu) = primals, tangents
+    params = dict(update_jaxpr=update_jaxpr, update_consts=update_consts,
+                  dimension_numbers=dimension_numbers, indices_are_sorted=indices_are_sorted,
+                  unique_indices=unique_indices, mode=mode)
+    out = bind(scatter_mul_p, x, idx, u, **params)
+    tangent = Zero(aval_of(out))
+    if type(tx) is not Zero:
+        tangent = bind(scatter_mul_p, tx, idx, u, **params)
+    if type(tu) is not Zero:
+        if not unique_indices:
+            from ..errors import FunctxValueError
+
+            raise FunctxValueError(
+                "scatter-mul (x.at[idx].multiply(u)): the derivative with respect to the "
+                "updates u is defined here only for unique indices. Pass "
+                "unique_indices=True if the indices do not repeat, or use "
+                "x.at[idx].set(x[idx] * u)."
+            )
+        part = ew.mul(x, scatter_add(_zeros(aval_of(x)), idx, tu, dimension_numbers, mode=mode,
+                                     unique_indices=True, indices_are_sorted=indices_are_sorted))
+        tangent = part if type(tangent) is Zero else ew.add_any(tangent, part)
+    return out, tangent
+
+
+jvp_rules[scatter_mul_p] = _scatter_mul_jvp
+
+
+def _scatter_mul_transpose(ct, x, idx, u, **params):
+    assert is_linear(x) and not is_linear(u), "scatter-mul is linear in its operand only"
+    return [bind(scatter_mul_p, ct, idx, u, **params), None, None]
+
+
+transpose_rules[scatter_mul_p] = _scatter_mul_transpose
+
+
+def _scatter_extremum_jvp(prim):
+    """scatter-min / scatter-max: the tangent of each place is the average
+    of the tangents of the values that attain the extremum there (the
+    operand and any number of updates), as JAX does."""
+
+    def rule(primals, tangents, **params):
+        (x, idx, u), (tx, _, tu) = primals, tangents
+        out = bind(prim, x, idx, u, **params)
+        if type(tx) is Zero and type(tu) is Zero:
+            return out, Zero(aval_of(out))
+        xa, ua = aval_of(x), aval_of(u)
+        tx = _zeros(xa) if type(tx) is Zero else tx
+        tu = _zeros(ua) if type(tu) is Zero else tu
+        dn, mode = params["dimension_numbers"], params["mode"]
+        landed = _gather_updates(out, idx, ua, dn, mode, False, params["indices_are_sorted"])
+        u_wins = ew.convert_element_type(ew.eq(u, landed), xa.dtype)
+        x_wins = ew.convert_element_type(ew.eq(x, out), xa.dtype)
+        count = ew.add(x_wins, scatter_add(_zeros(xa), idx, u_wins, dn, mode=mode))
+        total = ew.add_any(ew.mul(tx, x_wins),
+                           scatter_add(_zeros(xa), idx, ew.mul(tu, u_wins), dn, mode=mode))
+        return out, ew.div(total, count)
+
+    jvp_rules[prim] = rule
+
+
+_scatter_extremum_jvp(scatter_min_p)
+_scatter_extremum_jvp(scatter_max_p)
+
+
 def _scatter_batch(prim):
     def rule(size, vals, dims, *, dimension_numbers, **params):
         x, idx, u = vals

@@ -91,7 +91,7 @@ def _check_batched(leaves, dims, args, call):
             norm.append(None)
             continue
         names = names or _leaf_names(args)
-        if not hasattr(x, "shape") and not isinstance(x, Tracer):
+        if not isinstance(x, (Tracer, np.ndarray, np.generic)) and not hasattr(x, "shape"):
             raise FunctxTypeError(
                 f"{call}: in_dims={d} for {names[k]}, which is a {type(x).__name__}, "
                 "not an array. Use None in in_dims for non-array arguments."
@@ -218,9 +218,9 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         call = f"vmap({_args.fn_name(func)}, in_dims={in_dims!r}, out_dims={out_dims!r})(*args)"
         dims = _in_dims_per_leaf(in_dims, args, call)
         leaves, in_tree = tree_util.tree_flatten(args)
+        dims, size = _check_batched(leaves, dims, args, call)
         leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
                   for x, d in zip(leaves, dims)]
-        dims, size = _check_batched(leaves, dims, args, call)
         if chunk_size is None or chunk_size >= size:
             outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size,
                                            randomness, out_dims, call)

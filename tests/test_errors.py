@@ -1,0 +1,234 @@
+"""Every misuse of SPEC section 5 raises a FunctxError subclass that is also
+the matching built-in exception, with a message naming the transform, the
+argument and the fix."""
+
+import re
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import functx as fx
+import functx.numpy as fnp
+from functx.core import Primitive
+from functx.interpreters.eval import lower_to_jax
+
+X = jnp.arange(3.0)
+XS = jnp.ones((4, 3))
+
+
+def raises(exc, *words):
+    """Expect `exc` (a FunctxError and the built-in) whose message contains
+    every word (case-insensitive regex)."""
+    class _Ctx:
+        def __enter__(self):
+            self.cm = pytest.raises(exc)
+            self.info = self.cm.__enter__()
+            return self.info
+
+        def __exit__(self, *a):
+            handled = self.cm.__exit__(*a)
+            assert isinstance(self.info.value, fx.FunctxError), type(self.info.value)
+            msg = str(self.info.value)
+            for w in words:
+                assert re.search(w, msg, re.IGNORECASE), f"{w!r} not in message:\n{msg}"
+            return handled
+
+    return _Ctx()
+
+
+def test_error_hierarchy():
+    assert issubclass(fx.FunctxTypeError, TypeError)
+    assert issubclass(fx.FunctxValueError, ValueError)
+    assert issubclass(fx.FunctxRuntimeError, RuntimeError)
+    for cls in (fx.FunctxTypeError, fx.FunctxValueError, fx.FunctxRuntimeError):
+        assert issubclass(cls, fx.FunctxError)
+
+
+# --------------------------------------------------------------------------
+# vmap
+
+
+def test_vmap_mismatched_batch_sizes_names_each_argument():
+    with raises(ValueError, r"vmap\(", "different sizes", "argument 0", "size 4",
+                "argument 1", "size 5", "in_dims=None"):
+        fx.vmap(lambda a, b: a + b)(XS, jnp.ones((5, 3)))
+
+
+def test_vmap_in_dims_out_of_range():
+    with raises(ValueError, r"vmap\(", "in_dims=2", "out of range", "argument 0", r"\(4, 3\)",
+                r"\[-2, 2\)"):
+        fx.vmap(fnp.sin, in_dims=2)(XS)
+
+
+def test_vmap_in_dims_wrong_structure():
+    with raises(ValueError, r"vmap\(", "in_dims has 1 entries", "2 positional", "one in_dims entry"):
+        fx.vmap(lambda a, b: a, in_dims=(0,))(XS, XS)
+    with raises(ValueError, "in_dims", "structure", "prefix"):
+        fx.vmap(lambda d: d["a"], in_dims=({"b": 0},))({"a": XS})
+    with raises(TypeError, "in_dims", "int or None", "'x'"):
+        fx.vmap(fnp.sin, in_dims=("x",))(XS)
+
+
+def test_vmap_no_batched_inputs():
+    with raises(ValueError, r"vmap\(", "no input is batched", "in_dims=0"):
+        fx.vmap(fnp.sin, in_dims=None)(XS)
+
+
+def test_vmap_batched_non_array_argument():
+    with raises(TypeError, r"vmap\(", "argument 1", "not an array", "None"):
+        fx.vmap(lambda a, b: a, in_dims=(0, 0))(XS, "text")
+
+
+def test_vmap_out_dims_none_for_batched_output():
+    with raises(ValueError, "out_dims is None", "output 0", "depends on the batched"):
+        fx.vmap(fnp.sin, out_dims=None)(XS)
+
+
+def test_vmap_data_dependent_control_flow_names_the_line():
+    def f(x):
+        if fnp.sum(x) > 0:  # the offending line
+            return x
+        return -x
+
+    with raises(RuntimeError, r"vmap", "data-dependent", r"test_errors\.py:\d+",
+                "if fnp.sum", "where", "cond"):
+        fx.vmap(f)(XS)
+    assert issubclass(fx.ConcretizationError, fx.FunctxRuntimeError)
+
+
+def test_vmap_bad_randomness_and_chunk_size():
+    with raises(ValueError, "randomness", "'different'"):
+        fx.vmap(fnp.sin, randomness="sometimes")
+    with raises(ValueError, "chunk_size", "positive int"):
+        fx.vmap(fnp.sin, chunk_size=0)
+
+
+# --------------------------------------------------------------------------
+# grad and friends
+
+
+def test_grad_non_scalar_output():
+    with raises(ValueError, r"grad\(", "scalar", r"f64\[3\]", "Sum the output", "jacrev"):
+        fx.grad(fnp.sin)(X)
+
+
+def test_grad_non_float_output():
+    with raises(TypeError, r"grad\(", "floating-point scalar", "astype"):
+        fx.grad(lambda x: fnp.argmax(x))(X)
+
+
+def test_grad_integer_input():
+    with raises(TypeError, r"grad\(", "argument 0", "int", "floating-point", "astype"):
+        fx.grad(lambda x: fnp.sum(x * 2))(jnp.arange(3))
+
+
+def test_argnums_out_of_range_and_wrong_type():
+    with raises(ValueError, r"grad\(", "argnums=2", "out of range", "2 positional"):
+        fx.grad(lambda a, b: fnp.sum(a * b), argnums=2)(X, X)
+    with raises(TypeError, "argnums", "int or a non-empty tuple"):
+        fx.grad(lambda a: fnp.sum(a), argnums=1.5)(X)
+    with raises(ValueError, "argnums", "out of range"):
+        fx.jacrev(fnp.sin, argnums=1)(X)
+
+
+def test_non_callable():
+    for transform in (fx.grad, fx.vmap, fx.jacrev, fx.jacfwd, fx.hessian, fx.grad_and_value):
+        with raises(TypeError, transform.__name__, "callable", "not"):
+            transform(jnp.sin(1.0))
+    with raises(TypeError, "jvp", "callable"):
+        fx.jvp(3, (X,), (X,))
+    with raises(TypeError, "lift", "callable"):
+        fx.lift(None)
+
+
+def test_has_aux_without_pair():
+    with raises(ValueError, "has_aux=True", "pair", "has_aux=False"):
+        fx.grad(lambda x: fnp.sum(x), has_aux=True)(X)
+
+
+# --------------------------------------------------------------------------
+# jvp / vjp argument structure
+
+
+def test_jvp_tangent_mismatches():
+    with raises(ValueError, r"jvp\(", "tangent 0", r"shape \(2,\)", r"\(3,\)"):
+        fx.jvp(fnp.sin, (X,), (jnp.ones(2),))
+    with raises(ValueError, r"jvp\(", "tangent 0", "dtype float32", "float64", "astype"):
+        fx.jvp(fnp.sin, (X,), (jnp.ones(3, jnp.float32),))
+    with raises(ValueError, r"jvp\(", "tangents", "structure", "one tangent per primal"):
+        fx.jvp(lambda a, b: a + b, (X, X), (X,))
+    with raises(TypeError, r"jvp\(", "primals", "tuple"):
+        fx.jvp(fnp.sin, X, X)
+
+
+def test_vjp_cotangent_mismatches():
+    _, vjp_fn = fx.vjp(lambda x: (fnp.sin(x), x), X)
+    with raises(ValueError, "cotangents", "structure", "one cotangent per output"):
+        vjp_fn(X)
+    with raises(ValueError, "cotangent 0", r"shape \(2,\)"):
+        vjp_fn((jnp.ones(2), X))
+
+
+# --------------------------------------------------------------------------
+# Escaped tracers, missing rules, JAX functions on functx values
+
+
+def test_escaped_tracer_is_caught_and_names_the_transform():
+    leaked = []
+
+    def f(x):
+        leaked.append(x)
+        return fnp.sum(x)
+
+    fx.grad(f)(X)
+    with raises(RuntimeError, "grad", "escaped", "after grad returned", "has_aux"):
+        fnp.sin(leaked[0])
+    assert issubclass(fx.EscapedTracerError, fx.FunctxRuntimeError)
+
+    leaked_batched = []
+    fx.vmap(lambda x: leaked_batched.append(x) or x)(XS)
+    with raises(RuntimeError, "vmap", "escaped"):
+        leaked_batched[0] * 2.0
+    with raises(RuntimeError, "escaped"):
+        bool(leaked_batched[0][0] > 0)
+
+
+def test_missing_rule_names_primitive_and_transform():
+    test_only = Primitive("test_only_sin", lax.sin_p)
+    lower_to_jax(test_only)
+
+    def f(x):
+        return fnp.sum(test_only.bind(x, accuracy=None))
+
+    assert np.allclose(f(X), jnp.sum(jnp.sin(X)))  # evaluation works
+    with raises(RuntimeError, "test_only_sin", "no grad rule", "grad"):
+        fx.grad(f)(X)
+    with raises(RuntimeError, "test_only_sin", "vmap"):
+        fx.vmap(f)(XS)
+    with raises(RuntimeError, "test_only_sin", "jvp"):
+        fx.jvp(f, (X,), (X,))
+    assert issubclass(fx.MissingRuleError, fx.FunctxRuntimeError)
+
+
+def test_missing_derivative_of_real_primitive():
+    with raises(RuntimeError, "scatter-mul", "grad"):
+        fx.grad(lambda x: fnp.sum(x.at[jnp.array([0, 1])].multiply(2.0)))(X)
+
+
+def test_jax_function_on_functx_value():
+    with raises(TypeError, "JAX", "functx.numpy", "functx.lift"):
+        fx.grad(lambda x: jnp.sum(jnp.sin(x)))(X)
+    with raises(TypeError, "functx.numpy", "functx.lift"):
+        fx.vmap(lambda x: jax.nn.relu(x))(XS)
+    with raises(TypeError, "functx.numpy", "functx.lift"):
+        fx.grad(lambda x: float(np.sum(np.asarray(x))))(X)
+    assert issubclass(fx.JaxOnFunctxValueError, fx.FunctxTypeError)
+
+
+def test_stateful_random_under_vmap_with_error_randomness():
+    with raises(RuntimeError, "vmap", "randomness='error'", "'different'", "'same'"):
+        fx.vmap(lambda x: x + fx.random.rand(3))(XS)

@@ -1,0 +1,229 @@
+"""functx.numpy / functx.nn / functx.lax as drop-ins for their JAX
+namesakes, functx values as jax.Array look-alikes, and lifting."""
+
+import equinox as eqx
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util
+
+import functx as fx
+import functx.numpy as fnp
+from functx.numpy import _BINARY, _UNARY
+
+
+def close(a, b, rtol=1e-6):
+    la, ta = tree_util.tree_flatten(a)
+    lb, tb = tree_util.tree_flatten(b)
+    assert ta == tb, (ta, tb)
+    for x, y in zip(la, lb):
+        assert np.shape(x) == np.shape(y), (np.shape(x), np.shape(y))
+        if np.asarray(y).dtype == jax.dtypes.float0:  # JAX's tangent of a non-float value
+            assert not np.any(np.asarray(x))
+            continue
+        assert np.asarray(x).dtype == np.asarray(y).dtype, (np.asarray(x).dtype, np.asarray(y).dtype)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=1e-12)
+
+
+rng = np.random.default_rng(0)
+A = jnp.asarray(rng.uniform(0.2, 0.9, (4, 3)))
+B = jnp.asarray(rng.uniform(0.2, 0.9, (4, 3)))
+AS = jnp.asarray(rng.uniform(0.2, 0.9, (2, 4, 3)))
+
+
+def _prims(jaxpr):
+    out = []
+    for e in jaxpr.eqns:
+        sub = e.params.get("jaxpr")
+        if sub is not None:
+            out += _prims(sub.jaxpr if hasattr(sub, "jaxpr") else sub)
+        else:
+            out.append(e.primitive.name)
+    return out
+
+
+_NP_TO_PRIM = {
+    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
+    "arctanh": "atanh", "absolute": "abs", "negative": "neg", "subtract": "sub", "multiply": "mul",
+    "divide": "div", "true_divide": "div", "maximum": "max", "minimum": "min", "arctan2": "atan2",
+    "equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt",
+    "greater_equal": "ge",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_UNARY) + sorted(_BINARY))
+def test_direct_binding_is_the_jax_numpy_primitive(name):
+    """The fast path binds exactly the primitive jax.numpy emits for float32
+    arrays, so it gives the same result."""
+    fn = getattr(jnp, name)
+    args = (jnp.ones(3, jnp.float32),) * (1 if name in _UNARY else 2)
+    prims = _prims(jax.make_jaxpr(fn)(*args).jaxpr)
+    assert prims == [_NP_TO_PRIM.get(name, name)], prims
+
+
+def test_no_transform_calls_jax_numpy_directly():
+    assert fnp.sin(A) is not None
+    close(fnp.sin(A), jnp.sin(A))
+    close(fnp.einsum("ij,kj->ik", A, B), jnp.einsum("ij,kj->ik", A, B))
+    assert fnp.float32 is jnp.float32 and fnp.pi == jnp.pi
+    assert fnp.linalg.norm is not None and fnp.fft.fft is not None
+
+
+FUNCTIONS = [
+    ("sum", lambda x: fnp.sum(x, axis=0), lambda x: jnp.sum(x, axis=0)),
+    ("mean_keepdims", lambda x: fnp.mean(x, axis=1, keepdims=True), lambda x: jnp.mean(x, axis=1, keepdims=True)),
+    ("reshape", lambda x: fnp.reshape(x, (3, 4)), lambda x: jnp.reshape(x, (3, 4))),
+    ("concatenate", lambda x: fnp.concatenate([x, x * 2], axis=0), lambda x: jnp.concatenate([x, x * 2], axis=0)),
+    ("where", lambda x: fnp.where(x > 0.5, x, 0.0), lambda x: jnp.where(x > 0.5, x, 0.0)),
+    ("einsum", lambda x: fnp.einsum("ij,ij->i", x, x), lambda x: jnp.einsum("ij,ij->i", x, x)),
+    ("matmul", lambda x: fnp.matmul(x.T, x), lambda x: jnp.matmul(x.T, x)),
+    pytest.param("solve", lambda x: fnp.linalg.solve(x.T @ x + fnp.eye(3), x[0]),
+                 lambda x: jnp.linalg.solve(x.T @ x + jnp.eye(3), x[0]),
+                 marks=pytest.mark.xfail(reason="the `lu` primitive has no rules yet (issue 5)",
+                                         strict=True, raises=fx.MissingRuleError)),
+    ("norm", lambda x: fnp.linalg.norm(x, axis=1), lambda x: jnp.linalg.norm(x, axis=1)),
+    ("cumsum", lambda x: fnp.cumsum(x, axis=1), lambda x: jnp.cumsum(x, axis=1)),
+    ("sort", lambda x: fnp.sort(x, axis=0), lambda x: jnp.sort(x, axis=0)),
+    ("take_along_axis", lambda x: fnp.take_along_axis(x, fnp.argsort(x, axis=1), axis=1),
+     lambda x: jnp.take_along_axis(x, jnp.argsort(x, axis=1), axis=1)),
+    ("pad", lambda x: fnp.pad(x, ((1, 0), (0, 2))), lambda x: jnp.pad(x, ((1, 0), (0, 2)))),
+    ("clip", lambda x: fnp.clip(x, 0.3, 0.7), lambda x: jnp.clip(x, 0.3, 0.7)),
+    ("softmax", lambda x: fx.nn.softmax(x, axis=-1), lambda x: jax.nn.softmax(x, axis=-1)),
+    ("gelu", lambda x: fx.nn.gelu(x), lambda x: jax.nn.gelu(x)),
+    ("logsumexp", lambda x: fx.nn.logsumexp(x), lambda x: jax.nn.logsumexp(x)),
+    ("one_hot", lambda x: fx.nn.one_hot(fnp.argmax(x, axis=1), 3) * x,
+     lambda x: jax.nn.one_hot(jnp.argmax(x, axis=1), 3) * x),
+    ("lax_stop_gradient", lambda x: fx.lax.stop_gradient(x) * x, lambda x: jax.lax.stop_gradient(x) * x),
+    ("stack_split", lambda x: fnp.stack(fnp.split(x, 2, axis=0), axis=-1),
+     lambda x: jnp.stack(jnp.split(x, 2, axis=0), axis=-1)),
+]
+
+
+@pytest.mark.parametrize(
+    "name,f,jf", FUNCTIONS, ids=[p.values[0] if hasattr(p, "values") else p[0] for p in FUNCTIONS]
+)
+def test_numpy_functions_under_transforms(name, f, jf):
+    close(fx.vmap(f)(AS), jax.jit(jax.vmap(jf))(AS))
+    g = fx.grad(lambda x: fnp.sum(f(x) ** 2))(A)
+    close(g, jax.jit(jax.grad(lambda x: jnp.sum(jf(x) ** 2)))(A))
+
+
+# --------------------------------------------------------------------------
+# functx values behave like jax.Array
+
+
+def _array_program(x, y):
+    """Exercises operators, methods, properties, indexing and .at on x."""
+    parts = [
+        x + 1.0, 2.0 - x, x * y, y / x, x ** 2, 2.0 ** x, -x, abs(x - 0.5), x // 0.3, x % 0.3,
+        x @ y.T, (x > 0.5) * 1.0, (x <= y) * 1.0, x == x, x != y,
+        x.sum(), x.mean(axis=0), x.max(), x.min(axis=1), x.prod(), x.std(), x.var(axis=0),
+        x.reshape(3, 4), x.reshape((2, 6)), x.transpose(), x.T, x.astype(jnp.float32),
+        x.dot(y.T), x[None].squeeze(0), x.ravel(), x.flatten(), x.clip(0.3, 0.6), x.round(2),
+        x.swapaxes(0, 1), x.cumsum(axis=0), x.argmax(axis=1), x.argsort(axis=0),
+        x[0], x[1:3], x[::2, ::-1], x[..., 1], x[None, :, 1], x[jnp.array([0, 2, 2])],
+        x[jnp.array([0, 3]), jnp.array([1, 2])], x[x.sum(axis=1) > 1.5] if False else x[:, 0],
+        x[jnp.array([True, False, True, True])] if False else x[:, [0, 2]],
+        x.at[0].set(9.0), x.at[1:3, 1].add(2.0), x.at[jnp.array([0, 0, 2])].add(1.0),
+        x.at[:, 0].multiply(3.0), x.at[2].min(0.4), x.at[2].max(0.6), x.at[1].get(),
+        x.at[jnp.array([1, 2])].set(y[:2]),
+        jnp.asarray([x.shape[0], x.ndim, x.size]) * 1.0,
+    ]
+    return parts
+
+
+def test_functx_values_behave_like_jax_arrays():
+    want = jax.jit(jax.vmap(_array_program))(AS, AS * 0.5)
+    got = fx.vmap(_array_program)(AS, AS * 0.5)
+    close(got, want)
+    jvp_want = jax.jit(lambda x, t: jax.jvp(lambda x: _array_program(x, B), (x,), (t,)))(A, B)
+    jvp_got = fx.jvp(lambda x: _array_program(x, B), (A,), (B,))
+    close(jvp_got, jvp_want)
+
+
+def test_attributes_and_iteration():
+    def f(x):
+        assert x.shape == (4, 3) and x.ndim == 2 and x.size == 12 and x.dtype == A.dtype
+        assert len(x) == 4
+        rows = [r for r in x]
+        return fnp.stack(rows[::-1])
+
+    close(fx.vmap(f)(AS), AS[:, ::-1])
+    close(fx.grad(lambda x: fnp.sum(f(x) * B))(A), B[::-1])
+
+
+def test_numpy_arrays_and_scalars_on_either_side():
+    n = np.asarray(B)
+
+    def f(x):
+        return n * x + x * n + 3 * x + x * 3 + 1.5 + x
+
+    close(fx.vmap(f)(AS), jax.vmap(lambda x: n * x + x * n + 3 * x + x * 3 + 1.5 + x)(AS))
+
+
+def test_weak_types_follow_jax():
+    got = fx.grad(lambda x: (x * 2.0).astype(jnp.float32).sum())(jnp.asarray(1.0))
+    want = jax.grad(lambda x: (x * 2.0).astype(jnp.float32).sum())(jnp.asarray(1.0))
+    close(got, want)
+    out = fx.vmap(lambda x: x * 2)(jnp.arange(3))
+    assert out.dtype == (jnp.arange(3) * 2).dtype
+
+
+# --------------------------------------------------------------------------
+# Lifting
+
+
+def test_lift_caches_per_shape_dtype_and_static_arguments():
+    calls = []
+
+    def f(x, *, power):
+        calls.append(1)
+        return jnp.sum(jnp.sin(x) ** power)
+
+    lf = fx.lift(f)
+    g = fx.grad(lambda x, p=2: lf(x, power=p))
+    g(A)
+    g(A + 1.0)
+    assert len(calls) == 1  # second call replays the cached program
+    g(jnp.ones(5))
+    assert len(calls) == 2  # new shape
+    fx.grad(lambda x: lf(x, power=3))(A)
+    assert len(calls) == 3  # new static argument
+    close(fx.grad(lambda x: lf(x, power=3))(A), jax.grad(lambda x: f(x, power=3))(A))
+
+
+def test_lift_inlines_jit_and_calls_through_custom_jvp():
+    @jax.jit
+    def inner(x):
+        return jnp.tanh(x) * jax.nn.relu(x - 0.5) + jax.nn.softplus(x)
+
+    close(fx.grad(lambda x: fnp.sum(fx.lift(inner)(x)))(A), jax.grad(lambda x: jnp.sum(inner(x)))(A))
+    close(fx.jacfwd(fx.lift(inner))(A[0]), jax.jacfwd(inner)(A[0]))
+
+
+def test_lift_equinox_module_under_vmap_and_grad():
+    mlp = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(0))
+    lifted = fx.lift(mlp)
+    close(fx.vmap(lifted)(A), jax.vmap(mlp)(A), rtol=1e-5)
+
+    def loss(m, x):
+        return fnp.sum(fx.lift(m)(x) ** 2)
+
+    params, static = eqx.partition(mlp, eqx.is_array)
+    got = fx.grad(lambda p: loss(eqx.combine(p, static), A[0]))(params)
+    want = jax.grad(lambda p: jnp.sum(eqx.combine(p, static)(A[0]) ** 2))(params)
+    close(got, want, rtol=1e-5)
+
+
+def test_lift_without_functx_values_is_a_plain_call():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x + 1
+
+    assert fx.lift(f)(1.0) == 2.0
+    assert fx.lift(f)(A) is not None
+    assert len(calls) == 2
