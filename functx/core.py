@@ -109,9 +109,7 @@ def aval_of(x):
     tracers, NumPy arrays and Python scalars."""
     if isinstance(x, Tracer):
         return x.aval
-    if type(x) is _ArrayImpl:
-        return Aval(x.shape, x.dtype, x.weak_type)
-    if isinstance(x, _JaxTracer):
+    if type(x) is _ArrayImpl or isinstance(x, _JaxTracer):
         a = x.aval
         return Aval(a.shape, a.dtype, a.weak_type)
     if isinstance(x, (np.ndarray, np.generic)):
@@ -146,13 +144,29 @@ class Zero:
     """A symbolic zero tangent or cotangent of the given Aval.
 
     Rules skip work on it; it is turned into an array (`instantiate`) only
-    when a transform returns it to the user.
+    when a transform returns it to the user. `Zero.of(x)` defers computing
+    the Aval of `x` until a rule asks for it (most never do).
     """
 
-    __slots__ = ("aval",)
+    __slots__ = ("_aval", "_of")
 
     def __init__(self, aval):
-        self.aval = aval
+        self._aval = aval
+        self._of = None
+
+    @staticmethod
+    def of(x):
+        z = Zero.__new__(Zero)
+        z._aval = None
+        z._of = x
+        return z
+
+    @property
+    def aval(self):
+        if self._aval is None:
+            self._aval = aval_of(self._of)
+            self._of = None
+        return self._aval
 
     @staticmethod
     def like(x):

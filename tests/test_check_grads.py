@@ -30,7 +30,8 @@ def test_passes_on_correct_functions(order):
 
 
 def _unary(name, jvp, transpose=None):
-    p = Primitive(name, lax.sin_p if transpose is None else lax.mul_p)
+    p = Primitive(name)  # not registered as the functx twin of a JAX primitive
+    p.jax = lax.sin_p if transpose is None else lax.mul_p
     lower_to_jax(p)
     shape_rules[p] = lambda a, *rest, **kw: a
     jvp_rules[p] = jvp
@@ -53,12 +54,12 @@ def test_catches_a_wrong_jvp_rule():
 
 def test_catches_a_wrong_transpose_rule():
     # scale(x, c) = x * c is linear in x; its transpose below forgets c.
-    def jvp(primals, tangents):
+    def jvp(primals, tangents, **params):
         x, c = primals
-        return bind(scale, x, c), bind(scale, tangents[0], c)
+        return bind(scale, x, c, **params), bind(scale, tangents[0], c, **params)
 
-    scale = _unary("test_bad_scale", jvp, transpose=lambda ct, x, c: [ct, None])
-    f = lambda x: bind(scale, x, jnp.asarray(3.0))  # noqa: E731
+    scale = _unary("test_bad_scale", jvp, transpose=lambda ct, x, c, **p: [ct, None])
+    f = lambda x: bind(scale, x, jnp.asarray(3.0), out_dtype=None)  # noqa: E731
     check_grads(f, (X,), order=1, modes=("fwd",))  # forward mode is right
     with pytest.raises(AssertionError, match="inner-product"):
         check_grads(f, (X,), order=1, modes=("fwd", "rev"))

@@ -198,7 +198,8 @@ def test_escaped_tracer_is_caught_and_names_the_transform():
 
 
 def test_missing_rule_names_primitive_and_transform():
-    test_only = Primitive("test_only_sin", lax.sin_p)
+    test_only = Primitive("test_only_sin")
+    test_only.jax = lax.sin_p
     lower_to_jax(test_only)
 
     def f(x):
@@ -214,9 +215,16 @@ def test_missing_rule_names_primitive_and_transform():
     assert issubclass(fx.MissingRuleError, fx.FunctxRuntimeError)
 
 
-def test_missing_derivative_of_real_primitive():
-    with raises(RuntimeError, "scatter-mul", "grad"):
-        fx.grad(lambda x: fnp.sum(x.at[jnp.array([0, 1])].multiply(2.0)))(X)
+def test_jax_primitive_functx_does_not_know():
+    m = jnp.eye(5) + 0.1  # (JAX writes 2x2 and 3x3 determinants out in full)
+    with raises(RuntimeError, "primitive `lu`", "grad", "functx.numpy"):
+        fx.grad(lambda a: fnp.linalg.det(a))(m)
+    assert np.allclose(fnp.linalg.det(m), jnp.linalg.det(m))  # no transform: plain JAX
+
+
+def test_scatter_mul_with_repeated_indices_explains_itself():
+    with raises(ValueError, "scatter-mul", "unique", "unique_indices=True"):
+        fx.grad(lambda u: fnp.sum((X + u[0]).at[jnp.array([0, 0])].multiply(u)))(jnp.ones(2))
 
 
 def test_jax_function_on_functx_value():

@@ -16,16 +16,20 @@ jvp_rules = {}  # Primitive -> rule
 
 
 class JVPTracer(Tracer):
-    __slots__ = ("primal", "tangent")
+    __slots__ = ("primal", "tangent", "_aval")
 
     def __init__(self, interp, primal, tangent):
         self._interp = interp
         self.primal = primal
         self.tangent = tangent
+        self._aval = None
 
     @property
     def aval(self):
-        return aval_of(self.primal)
+        a = self._aval
+        if a is None:
+            a = self._aval = aval_of(self.primal)
+        return a
 
 
 class JVPInterpreter(Interpreter):
@@ -44,7 +48,7 @@ class JVPInterpreter(Interpreter):
         """(primal, tangent) of any value, seen from this level."""
         if type(x) is JVPTracer and x._interp is self:
             return x.primal, x.tangent
-        return x, Zero(aval_of(x))
+        return x, Zero.of(x)
 
     def process(self, prim, args, params):
         primals = []
@@ -55,7 +59,7 @@ class JVPInterpreter(Interpreter):
                 tangents.append(a.tangent)
             else:
                 primals.append(a)
-                tangents.append(Zero(aval_of(a)))
+                tangents.append(Zero.of(a))
         rule = jvp_rules.get(prim)
         if rule is None:
             raise missing_rule(prim, "jvp")

@@ -33,16 +33,20 @@ transpose_rules = {}  # Primitive -> rule
 
 
 class ReverseTracer(Tracer):
-    __slots__ = ("primal", "lin")
+    __slots__ = ("primal", "lin", "_aval")
 
     def __init__(self, interp, primal, lin):
         self._interp = interp
         self.primal = primal
         self.lin = lin
+        self._aval = None
 
     @property
     def aval(self):
-        return aval_of(self.primal)
+        a = self._aval
+        if a is None:
+            a = self._aval = aval_of(self.primal)
+        return a
 
 
 class _Tape(StagingInterpreter):
@@ -102,7 +106,7 @@ class ReverseInterpreter(Interpreter):
                 tangents.append(a.lin)
             else:
                 primals.append(a)
-                tangents.append(Zero(aval_of(a)))
+                tangents.append(Zero.of(a))
         rule = jvp_rules.get(prim)
         if rule is None:
             raise missing_rule(prim, self.transform)

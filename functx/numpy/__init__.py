@@ -20,8 +20,25 @@ from ..lifting import call_lifted as _call_lifted
 from ..primitives import elementwise as _ew
 
 
+_CONTAINERS = (list, tuple, dict)
+
+
+def _plain_call(args, kwargs):
+    """True when no argument is a functx value or a container that might
+    hold one: then the JAX function can be called directly."""
+    for a in args:
+        if isinstance(a, _Tracer) or type(a) in _CONTAINERS:
+            return False
+    for a in kwargs.values():
+        if isinstance(a, _Tracer) or type(a) in _CONTAINERS:
+            return False
+    return True
+
+
 def _wrap(name, fn, namespace="jax.numpy"):
     def wrapper(*args, **kwargs):
+        if _plain_call(args, kwargs):
+            return fn(*args, **kwargs)
         return _call_lifted(fn, args, kwargs)
 
     wrapper.__name__ = name
@@ -83,11 +100,16 @@ _FLOAT_ONLY = {"divide", "true_divide", "arctan2"}
 
 
 def _unary_fast(name, binder, slow):
+    jax_fn = slow.__wrapped__
+
     def fn(x, *args, **kwargs):
-        if not args and not kwargs and isinstance(x, _Tracer):
-            a = x.aval
-            if a.dtype.kind == "f" and not a.weak_type:
-                return binder(x)
+        if not args and not kwargs:
+            if isinstance(x, _Tracer):
+                a = x.aval
+                if a.dtype.kind == "f" and not a.weak_type:
+                    return binder(x)
+            elif type(x) not in _CONTAINERS:
+                return jax_fn(x)
         return slow(x, *args, **kwargs)
 
     fn.__name__ = fn.__qualname__ = name

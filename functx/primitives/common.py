@@ -102,8 +102,12 @@ def broadcast_shapes(op, avals):
 
 def nary_shape(name):
     def rule(*avals, **params):
-        shape = broadcast_shapes(name, avals)
-        return Aval(shape, avals[0].dtype, all(a.weak_type for a in avals))
+        first = avals[0]
+        if all(a.shape == first.shape for a in avals):
+            shape = first.shape
+        else:
+            shape = broadcast_shapes(name, avals)
+        return Aval(shape, first.dtype, all(a.weak_type for a in avals))
 
     return rule
 
@@ -178,7 +182,7 @@ def defjvp(prim, *fns):
                 continue
             c = fn(t, *primals, **params)
             total = _accumulate(total, c, out)
-        return out, Zero(aval_of(out)) if total is None else total
+        return out, Zero.of(out) if total is None else total
 
     jvp_rules[prim] = rule
     return rule
@@ -196,7 +200,7 @@ def defjvp_out(prim, *fns):
                 continue
             c = fn(t, out, *primals, **params)
             total = _accumulate(total, c, out)
-        return out, Zero(aval_of(out)) if total is None else total
+        return out, Zero.of(out) if total is None else total
 
     jvp_rules[prim] = rule
     return rule
@@ -209,8 +213,8 @@ def defzero_jvp(prim):
     def rule(primals, tangents, **params):
         out = bind(prim, *primals, **params)
         if prim.multiple_results:
-            return out, [Zero(aval_of(o)) for o in out]
-        return out, Zero(aval_of(out))
+            return out, [Zero.of(o) for o in out]
+        return out, Zero.of(out)
 
     jvp_rules[prim] = rule
     return rule

@@ -197,7 +197,7 @@ def integer_pow(x, y):
 
 def _integer_pow_jvp(t, x, *, y):
     if y == 0:
-        return Zero(aval_of(t))
+        return Zero.of(t)
     if y == 1:
         return t
     return mul(t, mul(scalar_like(x, y), integer_pow(x, y - 1)))
@@ -485,7 +485,7 @@ def _convert_jvp(primals, tangents, *, new_dtype, weak_type, sharding):
     out = bind(convert_element_type_p, x, new_dtype=new_dtype, weak_type=weak_type, sharding=sharding)
     floats = np.issubdtype(aval_of(x).dtype, np.inexact) and np.issubdtype(new_dtype, np.inexact)
     if type(t) is Zero or not floats:
-        return out, Zero(aval_of(out))
+        return out, Zero.of(out)
     return out, bind(convert_element_type_p, t, new_dtype=new_dtype, weak_type=weak_type, sharding=sharding)
 
 
@@ -522,7 +522,7 @@ def _select_n_jvp(primals, tangents):
     out = select_n(pred, *cases)
     ts = tangents[1:]
     if all(type(t) is Zero for t in ts):
-        return out, Zero(aval_of(out))
+        return out, Zero.of(out)
     from .structural import full
 
     ts = [full(t.aval.shape, 0, t.aval.dtype) if type(t) is Zero else t for t in ts]

@@ -64,7 +64,7 @@ def _gather_jvp(primals, tangents, **params):
     (x, idx), (t, _) = primals, tangents
     out = bind(gather_p, x, idx, **params)
     if type(t) is Zero:
-        return out, Zero(aval_of(out))
+        return out, Zero.of(out)
     tparams = dict(params)
     if params["mode"] == GatherScatterMode.FILL_OR_DROP:
         tparams["fill_value"] = 0
@@ -247,7 +247,7 @@ def _scatter_add_jvp(primals, tangents, **params):
     (x, idx, u), (tx, _, tu) = primals, tangents
     out = bind(scatter_add_p, x, idx, u, **params)
     if type(tx) is Zero and type(tu) is Zero:
-        return out, Zero(aval_of(out))
+        return out, Zero.of(out)
     tx = _zeros(tx.aval) if type(tx) is Zero else tx
     tu = _zeros(tu.aval) if type(tu) is Zero else tu
     return out, bind(scatter_add_p, tx, idx, tu, **params)
@@ -283,7 +283,7 @@ def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_nu
                   unique_indices=unique_indices, mode=mode)
     if type(tx) is Zero and type(tu) is Zero:
         out = bind(scatter_p, x, idx, u, **params)
-        return out, Zero(aval_of(out))
+        return out, Zero.of(out)
     xa, ua = aval_of(x), aval_of(u)
     tx = _zeros(xa) if type(tx) is Zero else tx
     tu = _zeros(ua) if type(tu) is Zero else tu
@@ -342,7 +342,7 @@ def _scatter_mul_jvp(primals, tangents, *, update_jaxpr, update_consts, dimensio
                   dimension_numbers=dimension_numbers, indices_are_sorted=indices_are_sorted,
                   unique_indices=unique_indices, mode=mode)
     out = bind(scatter_mul_p, x, idx, u, **params)
-    tangent = Zero(aval_of(out))
+    tangent = Zero.of(out)
     if type(tx) is not Zero:
         tangent = bind(scatter_mul_p, tx, idx, u, **params)
     if type(tu) is not Zero:
@@ -381,7 +381,7 @@ def _scatter_extremum_jvp(prim):
         (x, idx, u), (tx, _, tu) = primals, tangents
         out = bind(prim, x, idx, u, **params)
         if type(tx) is Zero and type(tu) is Zero:
-            return out, Zero(aval_of(out))
+            return out, Zero.of(out)
         xa, ua = aval_of(x), aval_of(u)
         tx = _zeros(xa) if type(tx) is Zero else tx
         tu = _zeros(ua) if type(tu) is Zero else tu

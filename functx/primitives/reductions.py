@@ -84,7 +84,7 @@ def _chooser_jvp(prim):
         (x,), (t,) = primals, tangents
         out = bind(prim, x, axes=axes, **params)
         if type(t) is Zero:
-            return out, Zero(aval_of(out))
+            return out, Zero.of(out)
         xa = aval_of(x)
         where = ew.eq(x, st.broadcast_in_dim(out, xa.shape, _kept_dims(xa.ndim, axes)))
         mask = ew.convert_element_type(where, xa.dtype)
@@ -123,7 +123,7 @@ def _reduce_prod_jvp(primals, tangents, *, axes, **params):
     (x,), (t,) = primals, tangents
     out = bind(reduce_prod_p, x, axes=axes, **params)
     if type(t) is Zero:
-        return out, Zero(aval_of(out))
+        return out, Zero.of(out)
     xa = aval_of(x)
     kept = _kept_dims(xa.ndim, axes)
     perm = kept + tuple(axes)

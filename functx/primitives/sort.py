@@ -17,7 +17,7 @@ def _sort_jvp(primals, tangents, *, dimension, is_stable, num_keys):
     nd = len(shape)
     if all(type(t) is Zero for t in tangents):
         outs = bind(sort_p, *primals, dimension=dimension, is_stable=is_stable, num_keys=num_keys)
-        return outs, [Zero(aval_of(o)) for o in outs]
+        return outs, [Zero.of(o) for o in outs]
     # Sort an iota along with the operands to learn the permutation.
     index = st.broadcast_in_dim(st.iota(np.int32, shape[dimension]), shape, (dimension,))
     *outs, perm = bind(sort_p, *primals, index, dimension=dimension, is_stable=is_stable,

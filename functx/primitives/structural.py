@@ -34,8 +34,8 @@ def _linear_jvp(prim, *, n_linear=None):
         ts = tangents[:k]
         if all(type(t) is Zero for t in ts):
             if prim.multiple_results:
-                return out, [Zero(aval_of(o)) for o in out]
-            return out, Zero(aval_of(out))
+                return out, [Zero.of(o) for o in out]
+            return out, Zero.of(out)
         ts = [full(t.aval.shape, 0, t.aval.dtype) if type(t) is Zero else t for t in ts]
         return out, bind(prim, *ts, *primals[k:], **params)
 

@@ -143,7 +143,7 @@ def _grad_and_value(func, argnums, has_aux, name):
 
         r = linearize_reverse(f_diff, diff, has_aux, call)
         _scalar_check(r, call)
-        one = jnp.ones((), r.out_avals[0].dtype)
+        one = np.ones((), r.out_avals[0].dtype)
         grads = tree_util.tree_unflatten(r.in_tree, pull_back(r, [one]))
         grads = grads[0] if single else tuple(grads)
         value = r.out[0]
