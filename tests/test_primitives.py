@@ -86,7 +86,13 @@ def _checks(op, args, tangents, cts, cts2, batched_cts, placements, vmap_inputs)
                 res["jvp vs finite differences"] = (t, fd)
             _, vjp_fn = fx.vjp(fxF, *d)
             _, jvjp_fn = jax.vjp(F, *d)
-            res["vjp vs jax.vjp"] = (vjp_fn(cts), jvjp_fn(cts))
+            pulled = vjp_fn(cts)
+            res["vjp vs jax.vjp"] = (pulled, jvjp_fn(cts))
+            if "jvp vs finite differences" in res:
+                # <vjp(c), v> == <c, (f(x + eps v) - f(x - eps v)) / 2 eps>
+                dot = lambda a, b: sum(jnp.vdot(u, w) for u, w in zip(  # noqa: E731
+                    tree_util.tree_leaves(a), tree_util.tree_leaves(b)))
+                res["vjp vs finite differences"] = (dot(pulled, tangents), dot(cts, fd))
             res["vmap(vjp) vs jax.vmap(jax.vjp)"] = (fx.vmap(vjp_fn)(batched_cts), jax.vmap(jvjp_fn)(batched_cts))
             if op.order >= 2:
                 G = lambda *x: fx.vjp(fxF, *x)[1](cts)  # noqa: E731

@@ -397,3 +397,14 @@ def test_symbolic_zeros_cost_nothing():
     r = linearize_reverse(lambda x, y: fnp.sin(x), (X, Y), False, "test")
     assert len(r.linear.graph.eqns) == 1  # the mul by cos(x) only
     close(fx.grad(lambda x, y: fnp.sum(fnp.sin(x)), argnums=1)(X, Y), jnp.zeros(3))
+
+
+def test_check_grads_on_the_test_functions():
+    """functx.test_util.check_grads: finite differences and the inner-product
+    identity up to second order, eagerly."""
+    from functx.test_util import check_grads
+
+    check_grads(f_scalar, (X,), order=2)
+    check_grads(f_vec, (X,), order=2)
+    check_grads(f_two, (X, Y), order=2, modes=("rev",))
+    check_grads(lambda w: loss(w, XS[0], T[0]), (X,), order=2)
