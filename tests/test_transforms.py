@@ -408,3 +408,33 @@ def test_check_grads_on_the_test_functions():
     check_grads(f_vec, (X,), order=2)
     check_grads(f_two, (X, Y), order=2, modes=("rev",))
     check_grads(lambda w: loss(w, XS[0], T[0]), (X,), order=2)
+
+
+def test_equinox_module_as_a_differentiated_pytree():
+    """Array leaves are differentiated; the module's functions and Python
+    config get None, as with equinox.filter_grad."""
+    import equinox as eqx
+
+    mlp = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.PRNGKey(0))
+
+    def loss_m(m, x):
+        return fnp.sum(fx.lift(m)(x) ** 2)
+
+    g = fx.grad(loss_m)(mlp, X)
+    want = eqx.filter_grad(lambda m, x: jnp.sum(m(x) ** 2))(mlp, X)
+    assert g.activation is None and g.final_activation is None
+    close(eqx.filter(g, eqx.is_array), eqx.filter(want, eqx.is_array))
+    _, vjp_fn = fx.vjp(lambda m: fx.lift(m)(X), mlp)
+    (ct,) = vjp_fn(jnp.ones(2))
+    close(eqx.filter(ct, eqx.is_array), eqx.filter(eqx.filter_grad(lambda m: jnp.sum(m(X)))(mlp), eqx.is_array))
+    jac = fx.jacrev(lambda m: fx.lift(m)(X))(mlp)
+    jjac = eqx.filter_jacrev(lambda m: m(X))(mlp)
+    close(eqx.filter(jac, eqx.is_array), eqx.filter(jjac, eqx.is_array))
+    jac_f = fx.jacfwd(lambda m: fx.lift(m)(X))(mlp)
+    close(eqx.filter(jac_f, eqx.is_array), eqx.filter(jjac, eqx.is_array))
+    tangent = jax.tree_util.tree_map(lambda l: jnp.ones_like(l) if eqx.is_array(l) else l, mlp)
+    out, t = fx.jvp(lambda m: fx.lift(m)(X), (mlp,), (tangent,))
+    params, static = eqx.partition(mlp, eqx.is_array)
+    ones = jax.tree_util.tree_map(jnp.ones_like, params)
+    jout, jt = jax.jvp(lambda p: eqx.combine(p, static)(X), (params,), (ones,))
+    close((out, t), (jout, jt))

@@ -63,17 +63,44 @@ def as_array(x, call, what):
     )
 
 
-def check_differentiable(leaves, call, what):
-    """Differentiated inputs must be floating point (TypeError otherwise)."""
-    for i, x in enumerate(leaves):
-        a = aval_of(x)
-        if not np.issubdtype(a.dtype, np.inexact):
-            where = what if len(leaves) == 1 else f"{what} (leaf {i})"
-            raise FunctxTypeError(
-                f"{call}: {where} has dtype {a.dtype.name}; only floating-point "
-                "inputs can be differentiated. Convert it with .astype(float), or "
-                "leave it out of argnums (close over it instead)."
-            )
+_ARRAYS = (Tracer, jax.Array, np.ndarray, np.generic)
+
+
+def differentiable_leaves(args, call, names):
+    """Flatten the differentiated arguments `args` (a tuple; `names[i]` names
+    args[i] in messages) and decide, leaf by leaf, what is differentiated.
+
+    Arrays (and Python floats) are differentiated and must be floating point
+    (TypeError otherwise, SPEC section 5). Other leaves nested in a pytree
+    (Python ints and bools, functions, strings: an Equinox module's
+    configuration) are passed through unchanged and get None as their
+    derivative. An argument that is itself a non-float value is an error.
+
+    Returns (leaves, treedef, mask): the leaves (differentiated ones as
+    arrays) and a bool per leaf, True where it is differentiated.
+    """
+    leaves, mask = [], []
+    for arg, name in zip(args, names):
+        with_paths, _ = tree_util.tree_flatten_with_path(arg)
+        whole = len(with_paths) == 1 and not with_paths[0][0]
+        for path, x in with_paths:
+            where = name + tree_util.keystr(path)
+            if isinstance(x, _ARRAYS) or type(x) in (float, complex) or whole:
+                x = as_array(x, call, where)
+                a = aval_of(x)
+                if not np.issubdtype(a.dtype, np.inexact):
+                    raise FunctxTypeError(
+                        f"{call}: {where} has dtype {a.dtype.name}; only floating-point "
+                        "inputs can be differentiated. Convert it with .astype(float), or "
+                        "leave it out of argnums (close over it instead)."
+                    )
+                leaves.append(x)
+                mask.append(True)
+            else:
+                leaves.append(x)
+                mask.append(False)
+    treedef = tree_util.tree_structure(tuple(args))
+    return leaves, treedef, mask
 
 
 def split_aux(out, call):

@@ -2,51 +2,61 @@
 
 import functools
 
-import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
 from ..core import Zero, aval_of, new_interpreter
-from ..errors import FunctxValueError
+from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.reverse import ReverseInterpreter
 from . import _args
 
 
 class ReverseResult:
-    """What running a function under a reverse interpreter leaves behind."""
+    """What running a function under a reverse interpreter leaves behind:
+    outputs, their tree and avals, the recorded linear map, the input tree,
+    which input leaves were differentiated (`mask`) and their avals, aux."""
 
-    __slots__ = ("out", "out_tree", "out_avals", "linear", "in_tree", "in_avals", "aux")
+    __slots__ = ("out", "out_tree", "out_avals", "linear", "in_tree", "mask", "in_avals", "aux")
 
 
-def linearize_reverse(func, primals, has_aux, call):
+def linearize_reverse(func, primals, has_aux, call, names=None):
     """Run `func(*primals)` recording its linearization (NOTE [reverse mode =
     jvp + staging + transpose] in interpreters/reverse.py)."""
-    flat, in_tree = tree_util.tree_flatten(primals)
-    flat = [_args.as_array(x, call, "an input") for x in flat]
+    names = names or [f"primal {i}" for i in range(len(primals))]
+    leaves, in_tree, mask = _args.differentiable_leaves(primals, call, names)
     interp = ReverseInterpreter(call.split("(")[0])
     r = ReverseResult()
     with new_interpreter(interp):
-        boxed = [interp.new_input(x) for x in flat]
+        boxed = [interp.new_input(x) if m else x for x, m in zip(leaves, mask)]
         out = func(*tree_util.tree_unflatten(in_tree, boxed))
         aux = None
         if has_aux:
             out, aux = _args.split_aux(out, call)
         out_flat, r.out_tree = _args.flatten_outputs(out, call)
-        r.linear = interp.linear_map(boxed, out_flat)
+        r.linear = interp.linear_map([b for b, m in zip(boxed, mask) if m], out_flat)
         r.out = [interp.unbox(o)[0] for o in out_flat]
         if has_aux:
             aux = tree_util.tree_map(lambda x: interp.unbox(x)[0], aux)
     r.out_avals = [aval_of(o) for o in r.out]
     r.in_tree = in_tree
-    r.in_avals = [aval_of(x) for x in flat]
+    r.mask = mask
+    r.in_avals = [aval_of(x) for x, m in zip(leaves, mask) if m]
     r.aux = aux
     return r
 
 
 def pull_back(r, cts):
-    """Input cotangents (zeros materialised) for flat output cotangents."""
-    in_cts = r.linear.backward(cts)
-    return [_args.zeros_for(a) if type(c) is Zero else c for c, a in zip(in_cts, r.in_avals)]
+    """Cotangents of the differentiated input leaves (zeros materialised) for
+    flat output cotangents."""
+    return [_args.zeros_for(a) if type(c) is Zero else c
+            for c, a in zip(r.linear.backward(cts), r.in_avals)]
+
+
+def with_static(r, diff_values):
+    """All input leaves: `diff_values` for the differentiated ones, None for
+    the static ones."""
+    it = iter(diff_values)
+    return [next(it) if m else None for m in r.mask]
 
 
 def vjp(func, *primals, has_aux=False):
@@ -54,8 +64,10 @@ def vjp(func, *primals, has_aux=False):
     output cotangents back to the inputs.
 
     Args:
-      func: a function of arrays (pytrees allowed) returning arrays.
-      *primals: the inputs at which to linearize.
+      func: a function of arrays (pytrees allowed).
+      *primals: the inputs at which to linearize. Non-array leaves of a
+        pytree (an Equinox module's functions, ints, strings) are passed
+        through and get None as cotangent.
       has_aux: `func` returns `(output, aux)`; aux is returned untouched.
 
     Returns:
@@ -66,18 +78,15 @@ def vjp(func, *primals, has_aux=False):
     Example:
       >>> out, vjp_fn = functx.vjp(functx.numpy.sin, x)
       >>> (ct,) = vjp_fn(functx.numpy.ones_like(out))
-      >>> per_row = functx.vmap(vjp_fn)(basis)   # composes with vmap
+      >>> rows = functx.vmap(vjp_fn)(basis)   # composes with vmap
     """
-    call = f"vjp({_args.fn_name(func)}, *primals)"
     _args.check_callable(func, "vjp")
-    _args.check_differentiable(
-        [_args.as_array(x, call, "a primal") for x in tree_util.tree_leaves(primals)], call, "a primal"
-    )
+    call = f"vjp({_args.fn_name(func)}, *primals)"
     r = linearize_reverse(func, primals, has_aux, call)
     output = tree_util.tree_unflatten(r.out_tree, r.out)
 
     def vjp_fn(cotangents, *, retain_graph=True, create_graph=None):
-        fn_call = f"{call.split('(')[0]}_fn(cotangents)"
+        fn_call = "vjp_fn(cotangents)"
         flat, tree = tree_util.tree_flatten(cotangents)
         if tree != r.out_tree and len(r.out_avals) == 1 and isinstance(cotangents, tuple) and len(cotangents) == 1:
             flat, tree = tree_util.tree_flatten(cotangents[0])
@@ -87,7 +96,7 @@ def vjp(func, *primals, has_aux=False):
         )
         flat = [_args.as_array(c, fn_call, "a cotangent") for c in flat]
         _args.check_same_avals(r.out_avals, flat, fn_call, "cotangent", check_dtype=False)
-        in_cts = pull_back(r, flat)
+        in_cts = with_static(r, pull_back(r, flat))
         return tuple(tree_util.tree_unflatten(r.in_tree, in_cts))
 
     if has_aux:
@@ -110,13 +119,22 @@ def _scalar_check(r, call):
             "Sum the output, or use jacrev for non-scalar outputs."
         )
     if not np.issubdtype(a.dtype, np.floating):
-        from ..errors import FunctxTypeError
-
         raise FunctxTypeError(
             f"{call}: expected the function to return a real floating-point scalar, "
             f"got {a.str_short()}. Only real-valued float outputs have a gradient; "
             "cast the output with .astype(float) if it should be differentiable."
         )
+
+
+def bind_argnums(func, args, kwargs, nums):
+    """`func` as a function of the arguments `nums` only."""
+    def f_diff(*dargs):
+        full = list(args)
+        for i, a in zip(nums, dargs):
+            full[i] = a
+        return func(*full, **kwargs)
+
+    return f_diff
 
 
 def _grad_and_value(func, argnums, has_aux, name):
@@ -127,24 +145,11 @@ def _grad_and_value(func, argnums, has_aux, name):
         call = f"{name}({_args.fn_name(func)}, argnums={argnums!r})(*args)"
         nums, single = _args.normalize_argnums(argnums, len(args), call)
         diff = tuple(args[i] for i in nums)
-        leaves = [_args.as_array(x, call, "a differentiated argument") for x in tree_util.tree_leaves(diff)]
-        for i in nums:
-            _args.check_differentiable(
-                [_args.as_array(x, call, f"argument {i}") for x in tree_util.tree_leaves(args[i])],
-                call, f"argument {i}",
-            )
-        del leaves
-
-        def f_diff(*dargs):
-            full = list(args)
-            for i, a in zip(nums, dargs):
-                full[i] = a
-            return func(*full, **kwargs)
-
-        r = linearize_reverse(f_diff, diff, has_aux, call)
+        r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
+                              [f"argument {i}" for i in nums])
         _scalar_check(r, call)
         one = np.ones((), r.out_avals[0].dtype)
-        grads = tree_util.tree_unflatten(r.in_tree, pull_back(r, [one]))
+        grads = tree_util.tree_unflatten(r.in_tree, with_static(r, pull_back(r, [one])))
         grads = grads[0] if single else tuple(grads)
         value = r.out[0]
         if has_aux:
@@ -182,7 +187,9 @@ def grad(func, argnums=0, has_aux=False):
         `(scalar, aux)` with `has_aux=True`). Keyword arguments are passed
         through and not differentiated.
       argnums: which positional argument(s) to differentiate: an int, or a
-        tuple of ints for a tuple of gradients.
+        tuple of ints for a tuple of gradients. A differentiated argument may
+        be any pytree; its non-array leaves (an Equinox module's functions,
+        ints, strings) get None as gradient.
       has_aux: `func` returns `(scalar, aux)`; the result is `(grad, aux)`.
 
     Returns:

@@ -16,7 +16,7 @@ from ..errors import FunctxValueError
 from ..primitives import structural as st
 from ..primitives.common import moveaxis
 from . import _args
-from .grad import grad_and_value, linearize_reverse, pull_back, vjp
+from .grad import bind_argnums, grad_and_value, linearize_reverse, pull_back, vjp, with_static
 from .jvp import _check_tuple, jvp, jvp_flat
 from .vmap import vmap
 
@@ -48,22 +48,7 @@ def _check_chunk(chunk_size, call):
 
 def _diff_args(args, argnums, call):
     nums, single = _args.normalize_argnums(argnums, len(args), call)
-    for i in nums:
-        _args.check_differentiable(
-            [_args.as_array(x, call, f"argument {i}") for x in tree_util.tree_leaves(args[i])],
-            call, f"argument {i}",
-        )
     return nums, single, tuple(args[i] for i in nums)
-
-
-def _with(args, nums, kwargs, func):
-    def f_diff(*dargs):
-        full = list(args)
-        for i, a in zip(nums, dargs):
-            full[i] = a
-        return func(*full, **kwargs)
-
-    return f_diff
 
 
 def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_copy=False):
@@ -93,7 +78,8 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_
     def wrapper(*args, **kwargs):
         call = f"jacrev({_args.fn_name(func)}, argnums={argnums!r})(*args)"
         nums, single, diff = _diff_args(args, argnums, call)
-        r = linearize_reverse(_with(args, nums, kwargs, func), diff, has_aux, call)
+        r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
+                              [f"argument {i}" for i in nums])
         basis, sizes, total = _basis(r.out_avals)
 
         def pull(*cts):
@@ -111,7 +97,7 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_
                 for row, ia in zip(rows, r.in_avals)
             ]
             start += n
-            per_arg = tuple(tree_util.tree_unflatten(r.in_tree, per_input))
+            per_arg = tuple(tree_util.tree_unflatten(r.in_tree, with_static(r, per_input)))
             blocks.append(per_arg[0] if single else per_arg)
         jac = tree_util.tree_unflatten(r.out_tree, blocks)
         if has_aux:
@@ -144,16 +130,16 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
     def wrapper(*args, **kwargs):
         call = f"jacfwd({_args.fn_name(func)}, argnums={argnums!r})(*args)"
         nums, single, diff = _diff_args(args, argnums, call)
-        flat, in_tree = tree_util.tree_flatten(diff)
-        flat = [_args.as_array(x, call, "an input") for x in flat]
+        flat, in_tree, mask = _args.differentiable_leaves(diff, call, [f"argument {i}" for i in nums])
         diff = tree_util.tree_unflatten(in_tree, flat)
-        in_avals = [aval_of(x) for x in flat]
+        in_avals = [aval_of(x) for x, m in zip(flat, mask) if m]
         basis, sizes, total = _basis(in_avals)
-        f_diff = _with(args, nums, kwargs, func)
+        f_diff = bind_argnums(func, args, kwargs, nums)
         info = {}
 
         def push(*tangent_leaves):
-            tangents = tree_util.tree_unflatten(in_tree, list(tangent_leaves))
+            it = iter(tangent_leaves)
+            tangents = tree_util.tree_unflatten(in_tree, [next(it) if m else x for x, m in zip(flat, mask)])
             outs, tans, out_tree, aux = jvp_flat(f_diff, diff, tangents, has_aux, call)
             info["out_tree"] = out_tree
             return tans, outs, aux
@@ -170,7 +156,9 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
                 hi = oshape + (start + n,)
                 per_input.append(st.reshape(st.slice(t, lo, hi), oshape + ia.shape))
                 start += n
-            per_arg = tuple(tree_util.tree_unflatten(in_tree, per_input))
+            it = iter(per_input)
+            leaves = [next(it) if m else None for m in mask]
+            per_arg = tuple(tree_util.tree_unflatten(in_tree, leaves))
             blocks.append(per_arg[0] if single else per_arg)
         jac = tree_util.tree_unflatten(info["out_tree"], blocks)
         if has_aux:

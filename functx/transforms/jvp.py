@@ -20,20 +20,23 @@ def _check_tuple(x, call, name):
 
 def jvp_flat(func, primals, tangents, has_aux, call):
     """Run `func(*primals)` pushing `tangents` forward. Returns (flat outputs,
-    flat output tangents with zeros materialised, output tree, aux)."""
-    p_flat, p_tree = tree_util.tree_flatten(primals)
+    flat output tangents with zeros materialised, output tree, aux). Static
+    (non-array) leaves of the primals are passed through; their tangents are
+    ignored."""
+    names = [f"primal {i}" for i in range(len(primals))]
+    p_flat, p_tree, mask = _args.differentiable_leaves(primals, call, names)
     t_flat, t_tree = tree_util.tree_flatten(tangents)
     _args.check_same_structure(
         p_tree, t_tree, call, "tangents",
         "Pass one tangent per primal, in the primals' structure.",
     )
-    p_flat = [_args.as_array(x, call, "a primal") for x in p_flat]
-    t_flat = [_args.as_array(x, call, "a tangent") for x in t_flat]
-    _args.check_differentiable(p_flat, call, "a primal")
-    _args.check_same_avals(p_flat, t_flat, call, "tangent")
+    p_diff = [p for p, m in zip(p_flat, mask) if m]
+    t_diff = [_args.as_array(t, call, "a tangent") for t, m in zip(t_flat, mask) if m]
+    _args.check_same_avals(p_diff, t_diff, call, "tangent")
     interp = JVPInterpreter(call.split("(")[0])
     with new_interpreter(interp):
-        boxed = [JVPTracer(interp, p, t) for p, t in zip(p_flat, t_flat)]
+        it = iter(t_diff)
+        boxed = [JVPTracer(interp, p, next(it)) if m else p for p, m in zip(p_flat, mask)]
         out = func(*tree_util.tree_unflatten(p_tree, boxed))
         aux = None
         if has_aux:
@@ -91,9 +94,6 @@ def linearize(func, *primals):
     """
     _args.check_callable(func, "linearize")
     call = f"linearize({_args.fn_name(func)}, *primals)"
-    _args.check_differentiable(
-        [_args.as_array(x, call, "a primal") for x in tree_util.tree_leaves(primals)], call, "a primal"
-    )
     r = linearize_reverse(func, primals, False, call)
     output = tree_util.tree_unflatten(r.out_tree, r.out)
 
@@ -104,7 +104,7 @@ def linearize(func, *primals):
             r.in_tree, tree, fn_call, "tangents",
             "Pass one tangent per primal given to linearize.",
         )
-        flat = [_args.as_array(t, fn_call, "a tangent") for t in flat]
+        flat = [_args.as_array(t, fn_call, "a tangent") for t, m in zip(flat, r.mask) if m]
         _args.check_same_avals(r.in_avals, flat, fn_call, "tangent")
         outs = r.linear.forward(flat)
         outs = [_args.zeros_for(a) if type(t) is Zero else t for t, a in zip(outs, r.out_avals)]
