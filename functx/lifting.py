@@ -164,13 +164,12 @@ def call_lifted(fn, args, kwargs):
     except TypeError:  # an unhashable static argument: stage without caching
         key, entry = None, None
     if entry is None:
-        entry = _stage(treedef, leaves, key_parts)
-        if key is not None and entry[2]:
+        entry, cacheable = _stage(treedef, leaves, key_parts)
+        if key is not None and cacheable:
             if len(_CACHE) >= _CACHE_LIMIT:
                 _CACHE.clear()
             _CACHE[key] = entry
-    program, out_tree, _ = entry
-    return tree_util.tree_unflatten(out_tree, program(dynamic))
+    return entry(dynamic)
 
 
 class _StaticKey:
@@ -201,19 +200,40 @@ class _StaticKey:
 def _stage(treedef, leaves, key_parts):
     positions = [i for i, k in enumerate(key_parts) if not isinstance(k, _StaticKey)]
     template = [None if not isinstance(k, _StaticKey) else leaf for leaf, k in zip(leaves, key_parts)]
+    outputs = {}
 
     def flat_fn(*dyn):
         filled = list(template)
         for i, v in zip(positions, dyn):
             filled[i] = v
         fn, args, kwargs = tree_util.tree_unflatten(treedef, filled)
-        return fn(*args, **kwargs)
+        out_leaves, outputs["tree"] = tree_util.tree_flatten(fn(*args, **kwargs))
+        # Non-array results (shapes, dtypes, Python numbers) are static:
+        # kept as they are, outside the staged program.
+        outputs["static"] = [None if isinstance(x, _JaxArray) else x for x in out_leaves]
+        return [x for x in out_leaves if isinstance(x, _JaxArray)]
 
     avals = [key_parts[i].to_jax() for i in positions]
-    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*avals)
-    out_tree = tree_util.tree_structure(out_shape)
+    closed = jax.make_jaxpr(flat_fn)(*avals)
     cacheable = not any(isinstance(c, jcore.Tracer) for c in closed.consts)
-    return Program(closed), out_tree, cacheable
+    return _Staged(Program(closed), outputs["tree"], outputs["static"]), cacheable
+
+
+class _Staged:
+    """A cached staged function: its program and how to rebuild the output
+    pytree from the program's array outputs and the static leaves."""
+
+    __slots__ = ("program", "out_tree", "static")
+
+    def __init__(self, program, out_tree, static):
+        self.program = program
+        self.out_tree = out_tree
+        self.static = static
+
+    def __call__(self, dynamic):
+        arrays = iter(self.program(dynamic))
+        leaves = [next(arrays) if s is None else s for s in self.static]
+        return tree_util.tree_unflatten(self.out_tree, leaves)
 
 
 def lift(fn):

@@ -227,3 +227,15 @@ def test_lift_without_functx_values_is_a_plain_call():
     assert fx.lift(f)(1.0) == 2.0
     assert fx.lift(f)(A) is not None
     assert len(calls) == 2
+
+
+def test_functions_with_static_results_return_python_values():
+    seen = {}
+
+    def f(x):
+        seen.update(shape=fnp.shape(x), ndim=fnp.ndim(x), size=fnp.size(x),
+                    dtype=fnp.result_type(x), floating=fnp.issubdtype(x.dtype, fnp.floating))
+        return x * fnp.size(x)
+
+    close(fx.vmap(f)(AS), AS * 12)
+    assert seen == {"shape": (4, 3), "ndim": 2, "size": 12, "dtype": AS.dtype, "floating": True}
