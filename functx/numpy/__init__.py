@@ -18,6 +18,7 @@ from ..core import Tracer as _Tracer
 from ..core import aval_of as _aval_of
 from ..lifting import call_lifted as _call_lifted
 from ..primitives import elementwise as _ew
+from ..primitives.common import scalar_constant as _scalar_constant
 
 
 _CONTAINERS = (list, tuple, dict)
@@ -142,7 +143,7 @@ def binary_operands(x, y, float_only=False):
     if kind not in "fiu":
         return None
     if type(other) in _PY_SCALARS and (kind == "f" or (kind == "i" and type(other) is int and not float_only)):
-        c = _np.array(other, a.dtype)
+        c = _scalar_constant(other, a.dtype)
         return (t, c) if xt else (c, t)
     if hasattr(other, "shape") and not isinstance(other, _Tracer):
         oa = _aval_of(other)

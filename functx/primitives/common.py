@@ -37,17 +37,30 @@ def defprim(name, jax_prim=None, multiple_results=False):
 _scalars = {}
 
 
-def scalar_like(x, value):
-    """A 0-d constant of `x`'s dtype (lax ops need exactly equal dtypes)."""
-    dtype = x.dtype if hasattr(x, "dtype") else aval_of(x).dtype
+def scalar_constant(value, dtype):
+    """A 0-d constant of `dtype` as a concrete device array, cached: JAX's
+    dispatch takes device arrays faster than NumPy scalars, and lax ops need
+    exactly equal dtypes. Created under `ensure_compile_time_eval`, so a
+    constant first made while JAX traces is still a concrete array."""
     key = (value, dtype)
     try:
         return _scalars[key]
     except KeyError:
-        c = _scalars[key] = np.array(value, dtype)
+        import jax
+
+        with jax.ensure_compile_time_eval():
+            c = jax.numpy.asarray(np.array(value, dtype))
+        if len(_scalars) < 4096:
+            _scalars[key] = c
         return c
-    except TypeError:
+    except TypeError:  # unhashable value
         return np.array(value, dtype)
+
+
+def scalar_like(x, value):
+    """A 0-d constant of `x`'s dtype."""
+    dtype = x.dtype if hasattr(x, "dtype") else aval_of(x).dtype
+    return scalar_constant(value, dtype)
 
 
 def zeros_like_value(x):
