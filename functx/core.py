@@ -132,10 +132,6 @@ def aval_of(x):
     )
 
 
-def is_float_dtype(dtype):
-    return np.issubdtype(dtype, np.inexact)
-
-
 # --------------------------------------------------------------------------
 # Symbolic zeros
 
@@ -168,23 +164,8 @@ class Zero:
             self._of = None
         return self._aval
 
-    @staticmethod
-    def like(x):
-        return Zero(aval_of(x))
-
     def __repr__(self):
         return f"Zero({self.aval.str_short()})"
-
-
-def zeros_of(aval):
-    """A concrete array of zeros with the given Aval (a constant at every
-    level, lifted like any other constant)."""
-    return jax.numpy.zeros(aval.shape, aval.dtype)
-
-
-def instantiate(t):
-    """Materialise a symbolic zero; other values pass through."""
-    return zeros_of(t.aval) if type(t) is Zero else t
 
 
 # --------------------------------------------------------------------------
@@ -295,19 +276,6 @@ def _escaped(tracer, prim):
         "them from the function (use has_aux=True for extra outputs) instead "
         "of storing them in globals, lists or closures."
     )
-
-
-def find_top(args, prim=None):
-    """The highest-level live interpreter among `args`' tracers, or None."""
-    top = None
-    for a in args:
-        if isinstance(a, Tracer):
-            interp = a._interp
-            if not interp.alive:
-                raise _escaped(a, prim)
-            if top is None or interp.level > top.level:
-                top = interp
-    return top
 
 
 def bind(prim, *args, **params):

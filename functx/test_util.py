@@ -54,6 +54,16 @@ def _dtype_of(args):
     return np.dtype("float64") if any(d == np.float64 for d in dtypes) else np.dtype("float32")
 
 
+def _tolerances(args, eps, atol, rtol):
+    """(eps, atol, rtol), defaulting by the inputs' precision."""
+    dtype = _dtype_of(args)
+    return (
+        eps or _DEFAULT_EPS[dtype],
+        _DEFAULT_TOL[dtype] if atol is None else atol,
+        _DEFAULT_TOL[dtype] if rtol is None else rtol,
+    )
+
+
 def _assert_close(name, got, want, atol, rtol):
     for g, w in zip(_leaves(got), _leaves(want), strict=True):
         g64, w64 = g.astype(np.float64), w.astype(np.float64)
@@ -76,10 +86,7 @@ def _numerical_jvp(f, args, tangents, eps):
 def check_jvp(f, args, *, eps=None, atol=None, rtol=None, rng=None):
     """jvp of `f` at `args` against central finite differences."""
     args = tuple(args)
-    dtype = _dtype_of(args)
-    eps = eps or _DEFAULT_EPS[dtype]
-    atol = atol if atol is not None else _DEFAULT_TOL[dtype]
-    rtol = rtol if rtol is not None else _DEFAULT_TOL[dtype]
+    eps, atol, rtol = _tolerances(args, eps, atol, rtol)
     rng = rng or np.random.default_rng(0)
     tangents = _random_like(rng, args)
     _, got = jvp(f, args, tangents)
@@ -92,10 +99,7 @@ def check_vjp(f, args, *, eps=None, atol=None, rtol=None, rng=None, use_jvp=True
     """vjp of `f` at `args` via <vjp(c), v> == <c, J v>, where J v is the
     jvp (`use_jvp`) or finite differences."""
     args = tuple(args)
-    dtype = _dtype_of(args)
-    eps = eps or _DEFAULT_EPS[dtype]
-    atol = atol if atol is not None else _DEFAULT_TOL[dtype]
-    rtol = rtol if rtol is not None else _DEFAULT_TOL[dtype]
+    eps, atol, rtol = _tolerances(args, eps, atol, rtol)
     rng = rng or np.random.default_rng(1)
     out, vjp_fn = vjp(f, *args)
     cts = _random_like(rng, out)

@@ -7,7 +7,6 @@ import pytest
 import jax.numpy as jnp
 from jax import lax
 
-import functx as fx
 import functx.numpy as fnp
 from functx.core import Primitive, bind
 from functx.interpreters.batching import batch_rules

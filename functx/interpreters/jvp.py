@@ -34,6 +34,7 @@ class JVPTracer(Tracer):
 
 class JVPInterpreter(Interpreter):
     transform = "jvp"
+    tracer_type = JVPTracer
 
     def __init__(self, transform="jvp"):
         super().__init__()
@@ -42,19 +43,20 @@ class JVPInterpreter(Interpreter):
     def box(self, primal, tangent):
         if type(tangent) is Zero:
             return primal
-        return JVPTracer(self, primal, tangent)
+        return self.tracer_type(self, primal, tangent)
 
     def unbox(self, x):
         """(primal, tangent) of any value, seen from this level."""
-        if type(x) is JVPTracer and x._interp is self:
+        if type(x) is self.tracer_type and x._interp is self:
             return x.primal, x.tangent
         return x, Zero.of(x)
 
     def process(self, prim, args, params):
+        own = self.tracer_type
         primals = []
         tangents = []
         for a in args:
-            if type(a) is JVPTracer and a._interp is self:
+            if type(a) is own and a._interp is self:
                 primals.append(a.primal)
                 tangents.append(a.tangent)
             else:
@@ -62,7 +64,7 @@ class JVPInterpreter(Interpreter):
                 tangents.append(Zero.of(a))
         rule = jvp_rules.get(prim)
         if rule is None:
-            raise missing_rule(prim, "jvp")
+            raise missing_rule(prim, self.transform)
         out, tangent_out = rule(primals, tangents, **params)
         if prim.multiple_results:
             return [self.box(o, t) for o, t in zip(out, tangent_out, strict=True)]

@@ -25,28 +25,17 @@ and the others are the constant values; `ct` is a list for primitives with
 multiple results (with `Zero` where an output got no cotangent).
 """
 
-from ..core import Interpreter, Tracer, Zero, aval_of, missing_rule
-from .jvp import jvp_rules
+from ..core import Zero, aval_of, missing_rule
+from .jvp import JVPInterpreter, JVPTracer
 from .staging import StagingInterpreter, StagingTracer, Var, dce, eval_graph
 
 transpose_rules = {}  # Primitive -> rule
 
 
-class ReverseTracer(Tracer):
-    __slots__ = ("primal", "lin", "_aval")
+class ReverseTracer(JVPTracer):
+    """A primal with a *linear* tangent: a tracer of the interpreter's tape."""
 
-    def __init__(self, interp, primal, lin):
-        self._interp = interp
-        self.primal = primal
-        self.lin = lin
-        self._aval = None
-
-    @property
-    def aval(self):
-        a = self._aval
-        if a is None:
-            a = self._aval = aval_of(self.primal)
-        return a
+    __slots__ = ()
 
 
 class _Tape(StagingInterpreter):
@@ -74,49 +63,24 @@ class _Tape(StagingInterpreter):
         pass
 
 
-class ReverseInterpreter(Interpreter):
+class ReverseInterpreter(JVPInterpreter):
+    """The jvp interpreter, with tangents that are staged on a tape."""
+
     transform = "vjp"
+    tracer_type = ReverseTracer
 
     def __init__(self, transform="vjp"):
-        super().__init__()
-        self.transform = transform
+        super().__init__(transform)
         self.tape = _Tape(self)
 
     def new_input(self, primal):
-        a = aval_of(primal)
-        return ReverseTracer(self, primal, self.tape.new_input(a))
-
-    def unbox(self, x):
-        """(primal, linear tracer or None) of any value, seen from here."""
-        if type(x) is ReverseTracer and x._interp is self:
-            return x.primal, x.lin
-        return x, None
+        return ReverseTracer(self, primal, self.tape.new_input(aval_of(primal)))
 
     def box(self, primal, tangent):
+        # A tangent that is not on the tape does not depend on the inputs.
         if type(tangent) is StagingTracer and tangent._interp is self.tape:
             return ReverseTracer(self, primal, tangent)
         return primal
-
-    def process(self, prim, args, params):
-        primals = []
-        tangents = []
-        for a in args:
-            if type(a) is ReverseTracer and a._interp is self:
-                primals.append(a.primal)
-                tangents.append(a.lin)
-            else:
-                primals.append(a)
-                tangents.append(Zero.of(a))
-        rule = jvp_rules.get(prim)
-        if rule is None:
-            raise missing_rule(prim, self.transform)
-        out, tangent_out = rule(primals, tangents, **params)
-        if prim.multiple_results:
-            return [self.box(o, t) for o, t in zip(out, tangent_out, strict=True)]
-        return self.box(out, tangent_out)
-
-    def concrete(self, tracer):
-        return tracer.primal
 
     def linear_map(self, inputs, outputs):
         """The tape as a `LinearMap` from the tangents of `inputs` (this
@@ -126,11 +90,11 @@ class ReverseInterpreter(Interpreter):
         zero_avals = []
         for o in outputs:
             if type(o) is ReverseTracer and o._interp is self:
-                live.append(o.lin)
+                live.append(o.tangent)
                 zero_avals.append(None)
             else:
                 zero_avals.append(aval_of(o))
-        graph = dce(self.tape.graph([x.lin for x in inputs], live))
+        graph = dce(self.tape.graph([x.tangent for x in inputs], live))
         return LinearMap(graph, zero_avals)
 
 

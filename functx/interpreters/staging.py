@@ -266,7 +266,3 @@ class StagingInterpreter(Interpreter):
 def is_linear(x):
     """In a transpose rule: is this argument the linear (undefined) input?"""
     return type(x) is Var
-
-
-def fresh_var(aval):
-    return Var(Aval(aval.shape, aval.dtype, aval.weak_type))

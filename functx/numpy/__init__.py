@@ -12,7 +12,6 @@ jax.numpy's own objects.
 import types as _types
 
 import jax.numpy as _jnp
-import numpy as _np
 
 from ..core import Tracer as _Tracer
 from ..core import aval_of as _aval_of

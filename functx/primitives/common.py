@@ -8,7 +8,7 @@ and its batching rule (`unary_batch`, `broadcasting_batch`, ...).
 
 import numpy as np
 
-from ..core import Aval, Primitive, Zero, aval_of, bind, is_float_dtype
+from ..core import Aval, Primitive, Zero, aval_of, bind
 from ..errors import FunctxValueError
 from ..interpreters.batching import batch_rules
 from ..interpreters.eval import lower_to_jax
@@ -17,12 +17,12 @@ from ..interpreters.reverse import transpose_rules
 from ..interpreters.staging import is_linear, shape_rules
 
 __all__ = [
-    "Zero", "aval_of", "bind", "is_linear", "is_float_dtype",
+    "Zero", "aval_of", "bind", "is_linear",
     "jvp_rules", "transpose_rules", "batch_rules", "shape_rules",
     "defprim", "scalar_like", "defjvp", "defjvp_out", "defzero_jvp",
     "add_tangents", "broadcast_to_shape", "unbroadcast", "unary_batch",
     "broadcasting_batch", "moveaxis", "bdim_to_front", "same_aval",
-    "nary_shape", "predicate_shape", "zeros_like_value", "instantiate_like",
+    "nary_shape", "predicate_shape", "instantiate", "scalar_constant",
 ]
 
 
@@ -63,15 +63,8 @@ def scalar_like(x, value):
     return scalar_constant(value, dtype)
 
 
-def zeros_like_value(x):
-    a = aval_of(x)
-    from .structural import full
-
-    return full(a.shape, 0, a.dtype)
-
-
-def instantiate_like(t, x):
-    """A tangent as an array: symbolic zeros become zeros shaped like `x`."""
+def instantiate(t):
+    """A tangent or cotangent as an array: a symbolic zero becomes zeros."""
     if type(t) is Zero:
         from .structural import full
 
@@ -182,41 +175,32 @@ def _accumulate(total, c, out):
     return c if total is None else add_tangents(total, c)
 
 
-def defjvp(prim, *fns):
-    """jvp rule from one function per operand: `fn(t, *primals, **params)`
-    gives that operand's contribution to the output tangent (None: the
-    operand has zero derivative). Contributions are summed, Zero skipped."""
-
+def _contributions_rule(prim, fns, pass_output):
     def rule(primals, tangents, **params):
         out = bind(prim, *primals, **params)
         total = None
         for fn, t in zip(fns, tangents):
             if fn is None or type(t) is Zero:
                 continue
-            c = fn(t, *primals, **params)
+            c = fn(t, out, *primals, **params) if pass_output else fn(t, *primals, **params)
             total = _accumulate(total, c, out)
         return out, Zero.of(out) if total is None else total
 
     jvp_rules[prim] = rule
     return rule
+
+
+def defjvp(prim, *fns):
+    """jvp rule from one function per operand: `fn(t, *primals, **params)`
+    gives that operand's contribution to the output tangent (None: the
+    operand has zero derivative). Contributions are summed, Zero skipped."""
+    return _contributions_rule(prim, fns, pass_output=False)
 
 
 def defjvp_out(prim, *fns):
     """Like `defjvp`, but each function also gets the primal output:
     `fn(t, out, *primals, **params)` (e.g. exp: `t * out`)."""
-
-    def rule(primals, tangents, **params):
-        out = bind(prim, *primals, **params)
-        total = None
-        for fn, t in zip(fns, tangents):
-            if fn is None or type(t) is Zero:
-                continue
-            c = fn(t, out, *primals, **params)
-            total = _accumulate(total, c, out)
-        return out, Zero.of(out) if total is None else total
-
-    jvp_rules[prim] = rule
-    return rule
+    return _contributions_rule(prim, fns, pass_output=True)
 
 
 def defzero_jvp(prim):

@@ -21,6 +21,7 @@ from .common import (
     defjvp_out,
     defprim,
     defzero_jvp,
+    instantiate,
     is_linear,
     jvp_rules,
     nary_predicate_shape,
@@ -523,10 +524,7 @@ def _select_n_jvp(primals, tangents):
     ts = tangents[1:]
     if all(type(t) is Zero for t in ts):
         return out, Zero.of(out)
-    from .structural import full
-
-    ts = [full(t.aval.shape, 0, t.aval.dtype) if type(t) is Zero else t for t in ts]
-    return out, select_n(pred, *ts)
+    return out, select_n(pred, *[instantiate(t) for t in ts])
 
 
 jvp_rules[select_n_p] = _select_n_jvp

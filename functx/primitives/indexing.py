@@ -15,7 +15,7 @@ from .common import (
     batch_rules,
     bdim_to_front,
     defprim,
-    defzero_jvp,
+    instantiate,
     is_linear,
     jvp_rules,
     moveaxis,
@@ -248,8 +248,7 @@ def _scatter_add_jvp(primals, tangents, **params):
     out = bind(scatter_add_p, x, idx, u, **params)
     if type(tx) is Zero and type(tu) is Zero:
         return out, Zero.of(out)
-    tx = _zeros(tx.aval) if type(tx) is Zero else tx
-    tu = _zeros(tu.aval) if type(tu) is Zero else tu
+    tx, tu = instantiate(tx), instantiate(tu)
     return out, bind(scatter_add_p, tx, idx, tu, **params)
 
 
@@ -285,8 +284,7 @@ def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_nu
         out = bind(scatter_p, x, idx, u, **params)
         return out, Zero.of(out)
     xa, ua = aval_of(x), aval_of(u)
-    tx = _zeros(xa) if type(tx) is Zero else tx
-    tu = _zeros(ua) if type(tu) is Zero else tu
+    tx, tu = instantiate(tx), instantiate(tu)
     if unique_indices:
         return bind(scatter_p, x, idx, u, **params), bind(scatter_p, tx, idx, tu, **params)
     dn = dimension_numbers
@@ -383,8 +381,7 @@ def _scatter_extremum_jvp(prim):
         if type(tx) is Zero and type(tu) is Zero:
             return out, Zero.of(out)
         xa, ua = aval_of(x), aval_of(u)
-        tx = _zeros(xa) if type(tx) is Zero else tx
-        tu = _zeros(ua) if type(tu) is Zero else tu
+        tx, tu = instantiate(tx), instantiate(tu)
         dn, mode = params["dimension_numbers"], params["mode"]
         landed = _gather_updates(out, idx, ua, dn, mode, False, params["indices_are_sorted"])
         u_wins = ew.convert_element_type(ew.eq(u, landed), xa.dtype)
@@ -481,5 +478,3 @@ def batched_dynamic_update_slice(size, x, xd, u, ud, idx, idims):
     return scatter(x, starts, u, dn, mode=GatherScatterMode.CLIP, unique_indices=True,
                    indices_are_sorted=True)
 
-
-del defzero_jvp

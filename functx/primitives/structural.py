@@ -16,6 +16,7 @@ from .common import (
     bdim_to_front,
     defprim,
     defzero_jvp,
+    instantiate,
     is_linear,
     jvp_rules,
     moveaxis,
@@ -36,7 +37,7 @@ def _linear_jvp(prim, *, n_linear=None):
             if prim.multiple_results:
                 return out, [Zero.of(o) for o in out]
             return out, Zero.of(out)
-        ts = [full(t.aval.shape, 0, t.aval.dtype) if type(t) is Zero else t for t in ts]
+        ts = [instantiate(t) for t in ts]
         return out, bind(prim, *ts, *primals[k:], **params)
 
     jvp_rules[prim] = rule
@@ -302,7 +303,7 @@ _linear_jvp(unstack_p)
 
 
 def _unstack_transpose(cts, x, *, axis):
-    cts = [full(c.aval.shape, 0, c.aval.dtype) if type(c) is Zero else c for c in cts]
+    cts = [instantiate(c) for c in cts]
     return [stack(cts, axis)]
 
 
@@ -334,7 +335,7 @@ _linear_jvp(split_p)
 
 
 def _split_transpose(cts, x, *, sizes, axis):
-    cts = [full(c.aval.shape, 0, c.aval.dtype) if type(c) is Zero else c for c in cts]
+    cts = [instantiate(c) for c in cts]
     return [concatenate(cts, axis)]
 
 
