@@ -438,3 +438,41 @@ def test_equinox_module_as_a_differentiated_pytree():
     ones = jax.tree_util.tree_map(jnp.ones_like, params)
     jout, jt = jax.jvp(lambda p: eqx.combine(p, static)(X), (params,), (ones,))
     close((out, t), (jout, jt))
+
+
+def test_interpreter_stacks_are_per_thread():
+    import threading
+
+    results = {}
+    barrier = threading.Barrier(2)
+
+    def work(name, scale):
+        def f(x):
+            barrier.wait()  # both threads are inside a transform at once
+            return fnp.sum(fnp.sin(x) * scale)
+
+        results[name] = fx.grad(f)(X)
+
+    threads = [threading.Thread(target=work, args=(n, s)) for n, s in (("a", 1.0), ("b", 3.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    close(results["a"], jnp.cos(X))
+    close(results["b"], 3.0 * jnp.cos(X))
+
+
+def test_edge_structures():
+    # a vector-to-scalar Jacobian is the gradient; a matrix input keeps its shape
+    close(fx.jacrev(f_scalar)(X), jax.grad(f_scalar)(X))
+    close(fx.hessian(lambda m: fnp.sum(fnp.sin(m) ** 2))(M), jax.hessian(lambda m: jnp.sum(jnp.sin(m) ** 2))(M))
+    # outputs that ignore the batch, None leaves and nested containers
+    out = fx.vmap(lambda x: {"a": (x * 2, None), "b": [Y]})(XS)
+    close(out, {"a": (XS * 2, None), "b": [jnp.stack([Y] * 5)]})
+    # differentiating only some arguments leaves the others alone
+    g = fx.grad(lambda x, n: fnp.sum(x ** n), argnums=0)(X, 3)
+    close(g, 3 * X ** 2)
+    # vmap inside jvp inside vmap
+    got = fx.vmap(lambda x: fx.jvp(fx.vmap(fnp.sin), (XS,), (XS * x[0],))[1])(XS)
+    want = jax.vmap(lambda x: jax.jvp(jax.vmap(jnp.sin), (XS,), (XS * x[0],))[1])(XS)
+    close(got, want)
