@@ -10,7 +10,7 @@ sees through it. The staged program is cached per argument structure,
 shapes, dtypes and static (non-array) arguments, so a second call with the
 same kinds of arguments costs only the replay.
 
-Replaying inlines `jit` / `pjit` / `closed_call` / `checkpoint` equations and
+Replaying inlines `jit` / `closed_call` / `checkpoint` (remat) equations and
 differentiates `custom_jvp_call` / `custom_vjp_call` equations through their
 bodies. An equation whose primitive functx does not know still runs when
 none of its inputs is a functx value; otherwise it raises an error naming
@@ -32,10 +32,10 @@ _INLINE_PARAM = {
     "core_call": "call_jaxpr",
     "checkpoint": "jaxpr",
     "remat": "jaxpr",
+    "remat2": "jaxpr",
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
     "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "custom_lin": None,
 }
 
 
@@ -68,7 +68,7 @@ class Program:
             for eqn in jaxpr.eqns:
                 ins = [slot_of(v, scope) for v in eqn.invars]
                 name = eqn.primitive.name
-                if name in _INLINE_PARAM and _INLINE_PARAM[name] is not None:
+                if name in _INLINE_PARAM:
                     sub = eqn.params[_INLINE_PARAM[name]]
                     if isinstance(sub, jcore.ClosedJaxpr):
                         sub_jaxpr, sub_consts = sub.jaxpr, sub.consts

@@ -200,6 +200,8 @@ def test_lift_inlines_jit_and_calls_through_custom_jvp():
         return jnp.tanh(x) * jax.nn.relu(x - 0.5) + jax.nn.softplus(x)
 
     close(fx.grad(lambda x: fnp.sum(fx.lift(inner)(x)))(A), jax.grad(lambda x: jnp.sum(inner(x)))(A))
+    remat = jax.checkpoint(inner)
+    close(fx.grad(lambda x: fnp.sum(fx.lift(remat)(x)))(A), jax.grad(lambda x: jnp.sum(inner(x)))(A))
     close(fx.jacfwd(fx.lift(inner))(A[0]), jax.jacfwd(inner)(A[0]))
 
 
