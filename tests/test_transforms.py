@@ -334,6 +334,8 @@ def test_maml_style_grad_through_inner_grads():
 def test_jax_jit_and_jax_vmap_around_functx():
     close(jax.jit(fx.grad(f_scalar))(X), jax.jit(jax.grad(f_scalar))(X))
     close(jax.jit(jax.vmap(fx.grad(f_scalar)))(XS), jax.jit(jax.vmap(jax.grad(f_scalar)))(XS))
+    close(jax.grad(lambda x: jnp.sum(fx.grad(f_scalar)(x)))(X),
+          jax.jit(jax.grad(lambda x: jnp.sum(jax.grad(f_scalar)(x))))(X))
     close(jax.jit(fx.vmap(fx.grad(loss), in_dims=(None, 0, 0)))(X, XS, T),
           jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))(X, XS, T))
 
