@@ -450,7 +450,7 @@ def test_interpreter_stacks_are_per_thread():
 
     def work(name, scale):
         def f(x):
-            barrier.wait()  # both threads are inside a transform at once
+            barrier.wait(timeout=60)  # both threads are inside a transform at once
             return fnp.sum(fnp.sin(x) * scale)
 
         results[name] = fx.grad(f)(X)
