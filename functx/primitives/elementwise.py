@@ -553,7 +553,6 @@ def _select_n_batch(size, vals, dims):
 
     pred, *cases = vals
     pdim, *cdims = dims
-    case_aval = aval_of(cases[0]) if cdims[0] is None else None
     if pdim is None and aval_of(pred).shape == ():
         # Scalar predicate: only the cases need aligning.
         if all(d == cdims[0] for d in cdims) and cdims[0] is not None:
@@ -564,7 +563,6 @@ def _select_n_batch(size, vals, dims):
     pred = bdim_to_front(pred, pdim, size)
     if aval_of(pred).shape != full_shape:  # a batched scalar predicate
         pred = broadcast_in_dim(pred, full_shape, (0,))
-    del case_aval
     return select_n(pred, *cases), 0
 
 

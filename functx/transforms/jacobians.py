@@ -221,6 +221,5 @@ def vhp(func, primals, cotangents):
     call = f"vhp({_args.fn_name(func)}, primals, cotangents)"
     primals = _check_tuple(primals, call, "primals")
     cotangents = _check_tuple(cotangents, call, "cotangents")
-    (grads, value), vjp_fn = vjp(_grad_all(func, len(primals)), *primals)
-    zero_value = jnp.zeros_like(value)
-    return value, tuple(vjp_fn((tuple(cotangents), zero_value))[0:len(primals)])
+    (_, value), vjp_fn = vjp(_grad_all(func, len(primals)), *primals)
+    return value, vjp_fn((tuple(cotangents), jnp.zeros_like(value)))
