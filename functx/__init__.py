@@ -24,8 +24,10 @@ from .transforms import (
     hvp,
     jacfwd,
     jacrev,
+    jit,
     jvp,
     linearize,
+    make_graph,
     vhp,
     vjp,
     vmap,
@@ -35,7 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "grad", "grad_and_value", "vjp", "jvp", "linearize", "vmap", "jacrev", "jacfwd",
-    "hessian", "hvp", "vhp", "lift", "numpy", "lax", "nn", "random", "test_util",
+    "hessian", "hvp", "vhp", "jit", "make_graph", "lift", "numpy", "lax", "nn", "random", "test_util",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
     "JaxOnFunctxValueError",

@@ -13,6 +13,7 @@ one sample per batch element (the draw gets a leading axis per such vmap
 level and is boxed as batched at those levels, outermost first).
 """
 
+import contextlib
 import threading
 
 import jax
@@ -34,6 +35,13 @@ class _Generator(threading.local):
     def __init__(self):
         self.seed = 0
         self.key = None
+        # > 0 while functx.jit traces a function on the assumption that it
+        # draws nothing (NOTE [generator state under jit]).
+        self.pure_traces = 0
+
+
+class UsesGeneratorState(Exception):
+    """Raised inside a `functx.jit` trace that assumed no stateful draw."""
 
 
 _gen = _Generator()
@@ -67,7 +75,54 @@ def set_rng_state(state):
     _gen.key = state
 
 
+# NOTE [generator state under jit]
+# `functx.jit` first traces a function assuming it makes no stateful draw
+# (`assume_no_draws`): then the compiled program takes exactly the user's
+# arguments. A draw during that trace raises `UsesGeneratorState`, and the
+# function is traced again with the generator's key as a hidden input and
+# its final key as a hidden output (`threaded_state`), so successive calls
+# of the compiled function draw different numbers, as in eager mode.
+
+
+@contextlib.contextmanager
+def assume_no_draws():
+    _gen.pure_traces += 1
+    try:
+        yield
+    finally:
+        _gen.pure_traces -= 1
+
+
+def in_pure_trace():
+    return _gen.pure_traces > 0
+
+
+def peek_state():
+    """The generator's key as it is (None before the first draw)."""
+    return _gen.key
+
+
+class _FinalKey:
+    key = None
+
+
+@contextlib.contextmanager
+def threaded_state(key):
+    """Make `key` (a traced value) the generator's state inside the block;
+    the yielded object's `.key` is the state at the end of the block."""
+    saved = _gen.key, _gen.pure_traces
+    _gen.key, _gen.pure_traces = key, 0
+    final = _FinalKey()
+    try:
+        yield final
+    finally:
+        final.key = _gen.key
+        _gen.key, _gen.pure_traces = saved
+
+
 def _ensure_key():
+    if _gen.pure_traces:
+        raise UsesGeneratorState
     if _gen.key is None:
         _gen.key = jax.random.PRNGKey(_gen.seed)
 

@@ -79,3 +79,31 @@ class BatchInterpreter(Interpreter):
             "need a different answer. Use functx.numpy.where(cond, a, b) or "
             "functx.lax.cond for branches, or move the check outside vmap."
         )
+
+
+def batch_graph(graph, axis_size, dims):
+    """The graph of `graph` vmapped over inputs batched at `dims` (None: not
+    batched). Returns `(batched, out_dims)`. Cached on `graph`."""
+    from ..core import new_interpreter
+    from .staging import eval_graph, stage
+
+    key = ("vmap", axis_size, dims)
+    cached = graph.cache.get(key)
+    if cached is not None:
+        return cached
+    out_dims = []
+
+    def fn(*args):
+        with new_interpreter(BatchInterpreter(axis_size)) as bi:
+            outs = eval_graph(graph, [bi.box(x, d) for x, d in zip(args, dims, strict=True)])
+            pairs = [bi.unbox(o) for o in outs]
+        out_dims[:] = [d for _, d in pairs]
+        return [v for v, _ in pairs]
+
+    avals = []
+    for a, d in zip(graph.in_avals, dims, strict=True):
+        avals.append(a if d is None else a.update(shape=a.shape[:d] + (axis_size,) + a.shape[d:]))
+    batched, captured = stage(fn, avals, "vmap")
+    assert not captured
+    cached = graph.cache[key] = (batched, tuple(out_dims))
+    return cached

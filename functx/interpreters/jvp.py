@@ -72,3 +72,41 @@ class JVPInterpreter(Interpreter):
 
     def concrete(self, tracer):
         return tracer.primal
+
+
+def jvp_graph(graph, nonzero):
+    """The jvp of a staged graph, split into its primal and tangent parts.
+
+    `nonzero[i]` says whether input i has a (non-Zero) tangent. Returns
+    `(primal, tangent, out_nonzero)`: `primal` maps the inputs to the outputs
+    followed by residuals; `tangent` maps the residuals followed by the
+    nonzero input tangents to the nonzero output tangents (`out_nonzero`
+    marks which). The tangent graph is linear in the tangents, so reverse
+    mode can stage it on its tape and transpose it. Cached on `graph`."""
+    from ..core import new_interpreter
+    from .staging import split_known, stage
+
+    key = ("jvp", nonzero)
+    cached = graph.cache.get(key)
+    if cached is not None:
+        return cached
+    n = len(graph.inputs)
+    out_nonzero = []
+
+    def fn(*args):
+        from .staging import eval_graph
+
+        tangents = iter(args[n:])
+        with new_interpreter(JVPInterpreter()) as jv:
+            boxed = [jv.box(p, next(tangents)) if nz else p
+                     for p, nz in zip(args[:n], nonzero, strict=True)]
+            pairs = [jv.unbox(o) for o in eval_graph(graph, boxed)]
+        out_nonzero[:] = [type(t) is not Zero for _, t in pairs]
+        return [p for p, _ in pairs] + [t for _, t in pairs if type(t) is not Zero]
+
+    avals = graph.in_avals
+    full, captured = stage(fn, avals + [a for a, nz in zip(avals, nonzero) if nz], "jvp")
+    assert not captured
+    primal, tangent, _ = split_known(full, n, len(graph.outputs))
+    cached = graph.cache[key] = (primal, tangent, tuple(out_nonzero))
+    return cached

@@ -25,7 +25,7 @@ and the others are the constant values; `ct` is a list for primitives with
 multiple results (with `Zero` where an output got no cotangent).
 """
 
-from ..core import Zero, aval_of, missing_rule
+from ..core import Zero, aval_of, bind, missing_rule
 from .jvp import JVPInterpreter, JVPTracer
 from .staging import StagingInterpreter, StagingTracer, Var, dce, eval_graph
 
@@ -132,10 +132,25 @@ def add_cotangents(a, b):
     return _add_any(a, b)
 
 
-def backward_pass(graph, cts):
+def backward_pass(graph, cts, known=None):
     """Transpose the linear `graph`: propagate output cotangents `cts` to its
-    inputs. Returns one cotangent per input, Zero where none arrived."""
+    inputs. Returns one cotangent per input, Zero where none arrived.
+
+    `known` maps the inputs that are not linear (e.g. the residuals of a
+    staged tangent graph) to their values: the equations that depend on
+    those alone are evaluated forwards first."""
     env = {}
+    eqns = graph.eqns
+    if known:
+        known = dict(known)
+        eqns = []
+        for eqn in graph.eqns:
+            if all(type(x) is not Var or x in known for x in eqn.inputs):
+                out = bind(eqn.prim, *[known[x] if type(x) is Var else x.value
+                                       for x in eqn.inputs], **eqn.params)
+                known.update(zip(eqn.outputs, out if eqn.prim.multiple_results else [out]))
+            else:
+                eqns.append(eqn)
 
     def accumulate(v, ct):
         prev = env.get(v)
@@ -144,7 +159,7 @@ def backward_pass(graph, cts):
     for v, ct in zip(graph.outputs, cts, strict=True):
         if type(v) is Var and type(ct) is not Zero:
             accumulate(v, ct)
-    for eqn in reversed(graph.eqns):
+    for eqn in reversed(eqns):
         prim = eqn.prim
         if prim.multiple_results:
             cts_out = [env.pop(v, None) for v in eqn.outputs]
@@ -164,9 +179,44 @@ def backward_pass(graph, cts):
                 "use forward mode (jvp, jacfwd) for this function, or express "
                 "it with primitives that support reverse mode.",
             )
-        args = [x if type(x) is Var else x.value for x in eqn.inputs]
+        if known:
+            args = [x.value if type(x) is not Var else known.get(x, x) for x in eqn.inputs]
+        else:
+            args = [x if type(x) is Var else x.value for x in eqn.inputs]
         in_cts = rule(ct, *args, **eqn.params)
         for x, c in zip(eqn.inputs, in_cts, strict=True):
             if type(x) is Var and c is not None and type(c) is not Zero:
                 accumulate(x, c)
     return [Zero(v.aval) if (c := env.get(v)) is None else c for v in graph.inputs]
+
+
+def transpose_graph(graph, linear, ct_nonzero):
+    """The transpose of a staged graph that is linear in the inputs marked
+    by `linear`. The result maps the other (non-linear) inputs followed by
+    the nonzero output cotangents (`ct_nonzero`) to the cotangents of the
+    linear inputs that receive one; returns `(transposed, in_nonzero)`.
+    Cached on `graph`."""
+    from .staging import stage
+
+    key = ("transpose", linear, ct_nonzero)
+    cached = graph.cache.get(key)
+    if cached is not None:
+        return cached
+    fixed = [v for v, lin in zip(graph.inputs, linear, strict=True) if not lin]
+    live_outs = [x for x, nz in zip(graph.outputs, ct_nonzero, strict=True) if nz]
+    in_nonzero = []
+
+    def fn(*args):
+        known = dict(zip(fixed, args[:len(fixed)]))
+        cts = iter(args[len(fixed):])
+        all_cts = [next(cts) if nz else Zero(x.aval) for x, nz in zip(graph.outputs, ct_nonzero)]
+        in_cts = backward_pass(graph, all_cts, known)
+        lin_cts = [c for c, lin in zip(in_cts, linear) if lin]
+        in_nonzero[:] = [type(c) is not Zero for c in lin_cts]
+        return [c for c in lin_cts if type(c) is not Zero]
+
+    transposed, captured = stage(fn, [v.aval for v in fixed] + [x.aval for x in live_outs],
+                                 "transpose")
+    assert not captured
+    cached = graph.cache[key] = (transposed, tuple(in_nonzero))
+    return cached

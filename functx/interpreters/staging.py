@@ -96,14 +96,25 @@ class Eqn:
 
 class Graph:
     """A staged program: `inputs` (Vars), `eqns` and `outputs` (Vars or
-    Consts)."""
+    Consts). Graphs are immutable once built; `cache` holds what is derived
+    from one (its jvp, batched and transposed graphs, its compiled form), so
+    a graph that is reused is transformed and compiled once."""
 
-    __slots__ = ("inputs", "eqns", "outputs")
+    __slots__ = ("inputs", "eqns", "outputs", "cache")
 
     def __init__(self, inputs, eqns, outputs):
         self.inputs = inputs
         self.eqns = eqns
         self.outputs = outputs
+        self.cache = {}
+
+    @property
+    def in_avals(self):
+        return [v.aval for v in self.inputs]
+
+    @property
+    def out_avals(self):
+        return [x.aval for x in self.outputs]
 
     def __call__(self, *args):
         return eval_graph(self, args)
@@ -143,6 +154,40 @@ def dce(graph):
     return Graph(graph.inputs, kept, graph.outputs)
 
 
+def split_known(graph, n_known_in, n_known_out):
+    """Partial evaluation: split `graph` into the part computable from its
+    first `n_known_in` inputs and the rest.
+
+    Returns `(known, unknown, n_res)`. `known` maps the known inputs to the
+    first `n_known_out` outputs (which must be known) followed by `n_res`
+    residuals; `unknown` maps the residuals followed by the other inputs to
+    the remaining outputs. Used to split a jvp graph into its primal part and
+    its (linear) tangent part."""
+    known = set(graph.inputs[:n_known_in])
+    known_eqns, unknown_eqns = [], []
+    for eqn in graph.eqns:
+        if all(type(x) is not Var or x in known for x in eqn.inputs):
+            known_eqns.append(eqn)
+            known.update(eqn.outputs)
+        else:
+            unknown_eqns.append(eqn)
+    residuals = {}
+    for eqn in unknown_eqns:
+        for x in eqn.inputs:
+            if type(x) is Var and x in known:
+                residuals[x] = None
+    for x in graph.outputs[n_known_out:]:
+        if type(x) is Var and x in known:
+            residuals[x] = None
+    residuals = list(residuals)
+    known_outs = graph.outputs[:n_known_out]
+    assert all(type(x) is not Var or x in known for x in known_outs)
+    known_graph = dce(Graph(graph.inputs[:n_known_in], known_eqns, known_outs + residuals))
+    unknown_graph = dce(Graph(residuals + graph.inputs[n_known_in:], unknown_eqns,
+                              graph.outputs[n_known_out:]))
+    return known_graph, unknown_graph, len(residuals)
+
+
 def _fmt_param(v):
     if isinstance(v, Graph):
         return "{graph}"
@@ -150,7 +195,9 @@ def _fmt_param(v):
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def pretty_print(graph):
+def pretty_print(graph, indent=0):
+    """One line per equation, with the shapes and dtypes of what it defines;
+    graphs held by an equation (a jit call) are printed below it, indented."""
     names = {}
 
     def name(x):
@@ -175,15 +222,19 @@ def pretty_print(graph):
     def decl(v):
         return f"{name(v)}:{v.aval.str_short()}"
 
-    lines = ["{ lambda " + " ".join(decl(v) for v in graph.inputs) + "."]
+    pad = " " * indent
+    lines = [pad + "{ lambda " + " ".join(decl(v) for v in graph.inputs) + "."]
     for eqn in graph.eqns:
         outs = " ".join(decl(v) for v in eqn.outputs)
         params = " ".join(f"{k}={_fmt_param(v)}" for k, v in eqn.params.items() if v is not None)
         head = eqn.prim.name + (f"[{params}]" if params else "")
         ins = " ".join(name(x) for x in eqn.inputs)
-        lines.append(f"    {outs} = {head} {ins}".rstrip())
+        lines.append(f"{pad}    {outs} = {head} {ins}".rstrip())
+        for v in eqn.params.values():
+            if isinstance(v, Graph):
+                lines.append(pretty_print(v, indent + 8))
     outs = ", ".join(name(x) for x in graph.outputs)
-    lines.append(f"  in ({outs}{',' if len(graph.outputs) == 1 else ''}) }}")
+    lines.append(f"{pad}  in ({outs}{',' if len(graph.outputs) == 1 else ''}) }}")
     return "\n".join(lines)
 
 
@@ -261,6 +312,48 @@ class StagingInterpreter(Interpreter):
             else:
                 out.append(Const(o))
         return Graph(in_vars, list(self.eqns), out)
+
+
+def stage(fn, in_avals, transform="staging"):
+    """Trace `fn` (flat inputs -> flat outputs) into a Graph with one input
+    per aval. Values of enclosing transforms (and JAX tracers) that `fn`
+    reaches through its closure are turned into extra inputs: returns
+    `(graph, captured)` where `graph` takes the `in_avals` inputs followed by
+    one input per captured value."""
+    from ..core import new_interpreter
+
+    with new_interpreter(StagingInterpreter(transform)) as st:
+        ins = [st.new_input(a) for a in in_avals]
+        outs = fn(*ins)
+        graph = st.graph(ins, outs)
+    return closure_convert(graph)
+
+
+def closure_convert(graph):
+    """Replace the constants of `graph` that are tracers (of functx or of
+    JAX) by new inputs appended to its inputs; return `(graph, values)`."""
+    import jax
+
+    captured = {}
+
+    def convert(x):
+        if type(x) is Const and isinstance(x.value, (Tracer, jax.core.Tracer)):
+            key = id(x.value)
+            if key not in captured:
+                captured[key] = (Var(x.aval), x.value)
+            return captured[key][0]
+        return x
+
+    eqns = []
+    for eqn in graph.eqns:
+        inputs = [convert(x) for x in eqn.inputs]
+        eqns.append(eqn if all(a is b for a, b in zip(inputs, eqn.inputs))
+                    else Eqn(eqn.prim, inputs, eqn.outputs, eqn.params))
+    outputs = [convert(x) for x in graph.outputs]
+    if not captured:
+        return graph, []
+    new_vars = [v for v, _ in captured.values()]
+    return Graph(graph.inputs + new_vars, eqns, outputs), [x for _, x in captured.values()]
 
 
 def is_linear(x):

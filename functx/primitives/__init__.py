@@ -8,3 +8,4 @@ from . import reductions  # noqa: F401
 from . import dot  # noqa: F401
 from . import indexing  # noqa: F401
 from . import sort  # noqa: F401
+from . import call  # noqa: F401

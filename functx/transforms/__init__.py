@@ -4,3 +4,4 @@ from .grad import grad, grad_and_value, vjp  # noqa: F401
 from .jacobians import hessian, hvp, jacfwd, jacrev, vhp  # noqa: F401
 from .jvp import jvp, linearize  # noqa: F401
 from .vmap import vmap  # noqa: F401
+from .jit import jit, make_graph  # noqa: F401

@@ -1,0 +1,84 @@
+"""`jit_call`: a call of a staged graph, the primitive `functx.jit` emits
+when it is applied to values of an enclosing transform.
+
+The graph stays one unit under every transform: each interpreter turns it
+into another graph (its jvp split into a primal and a linear tangent part,
+its transpose, its batched version), cached on the graph, and binds
+`jit_call` again on that. At the bottom of the stack a graph is evaluated as
+one `jax.jit`-compiled program, compiled once per graph.
+"""
+
+import jax
+
+from ..interpreters.batching import batch_graph
+from ..interpreters.eval import defimpl
+from ..interpreters.jvp import jvp_graph
+from ..interpreters.reverse import transpose_graph
+from ..interpreters.staging import eval_graph
+from .common import Zero, batch_rules, bind, defprim, is_linear, jvp_rules, shape_rules, transpose_rules
+
+jit_call = defprim("jit_call", multiple_results=True)
+
+
+def compiled(graph):
+    """`graph` as a jax.jit-compiled function of its inputs (a list of
+    outputs), made once per graph."""
+    fn = graph.cache.get("compiled")
+    if fn is None:
+        fn = graph.cache["compiled"] = jax.jit(lambda *args: eval_graph(graph, args))
+    return fn
+
+
+def _impl(*args, graph, name):
+    return compiled(graph)(*args)
+
+
+defimpl(jit_call, _impl)
+shape_rules[jit_call] = lambda *avals, graph, name: graph.out_avals
+
+
+def _jvp(primals, tangents, *, graph, name):
+    nonzero = tuple(type(t) is not Zero for t in tangents)
+    if not any(nonzero):
+        outs = bind(jit_call, *primals, graph=graph, name=name)
+        return outs, [Zero.of(o) for o in outs]
+    primal_graph, tangent_graph, out_nonzero = jvp_graph(graph, nonzero)
+    n_out = len(graph.outputs)
+    outs = bind(jit_call, *primals, graph=primal_graph, name=name)
+    outs, residuals = outs[:n_out], outs[n_out:]
+    out_tangents = iter(())
+    if any(out_nonzero):
+        live = [t for t in tangents if type(t) is not Zero]
+        out_tangents = iter(bind(jit_call, *residuals, *live, graph=tangent_graph,
+                                 name=f"jvp({name})"))
+    return outs, [next(out_tangents) if nz else Zero.of(o) for o, nz in zip(outs, out_nonzero)]
+
+
+def _transpose(cts, *args, graph, name):
+    linear = tuple(is_linear(a) for a in args)
+    ct_nonzero = tuple(type(c) is not Zero for c in cts)
+    if not any(ct_nonzero):
+        return [None] * len(args)
+    transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
+    fixed = [a for a, lin in zip(args, linear) if not lin]
+    live = [c for c in cts if type(c) is not Zero]
+    outs = iter(bind(jit_call, *fixed, *live, graph=transposed, name=f"transpose({name})")
+                if any(in_nonzero) else ())
+    nonzero = iter(in_nonzero)
+    result = []
+    for a, lin in zip(args, linear):
+        if not lin:
+            result.append(None)
+        else:
+            result.append(next(outs) if next(nonzero) else Zero(a.aval))
+    return result
+
+
+def _batch(axis_size, vals, dims, *, graph, name):
+    batched, out_dims = batch_graph(graph, axis_size, tuple(dims))
+    return bind(jit_call, *vals, graph=batched, name=f"vmap({name})"), list(out_dims)
+
+
+jvp_rules[jit_call] = _jvp
+transpose_rules[jit_call] = _transpose
+batch_rules[jit_call] = _batch

@@ -1,0 +1,247 @@
+"""`jit` and `make_graph`: compiling and printing whole programs.
+
+NOTE [two ways down to XLA]
+`functx.jit(f)` called on plain JAX values (no functx transform active) is a
+`jax.jit` of `f`: the functx interpreters run once, while JAX traces, and
+leave a pure JAX program, which XLA compiles and caches per shapes, dtypes
+and static arguments. Calls that hit the cache take jax.jit's C++ path.
+
+Called on values of an enclosing functx transform (`grad(jit(f))`,
+`vmap(jit(f))`), `f` is staged once per signature into a functx `Graph` and
+applied with the `jit_call` primitive (primitives/call.py), whose rules
+transform the graph as a whole; the enclosing transform sees one operation
+and the bottom of the stack runs it as one compiled program. A function that
+closes over values of the enclosing transforms, or draws from functx's
+stateful generator there, is not staged: it runs inline under them (its
+graph would be valid for one call only).
+
+The generator state of `functx.random` is threaded through compiled code
+(NOTE [generator state under jit] in random.py).
+"""
+
+import functools
+import inspect
+
+import jax
+from jax import tree_util
+
+from .. import random as _random
+from ..core import aval_of, bind, interpreter_stack
+from ..errors import FunctxTypeError, FunctxValueError
+from ..interpreters.staging import stage
+from ..primitives.call import jit_call
+from ._args import as_array, check_callable, fn_name
+
+
+def _as_tuple(x, what):
+    if x is None:
+        return ()
+    if isinstance(x, (int, str)):
+        return (x,)
+    try:
+        return tuple(x)
+    except TypeError:
+        raise FunctxTypeError(f"jit: `{what}` must be an int/str or a tuple of them, got {x!r}.") from None
+
+
+def _resolve_static(fun, static_argnums, static_argnames):
+    """Complete static_argnums and static_argnames from each other through
+    the signature of `fun` (a parameter can be passed either way)."""
+    nums = set(_as_tuple(static_argnums, "static_argnums"))
+    names = set(_as_tuple(static_argnames, "static_argnames"))
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for i, p in enumerate(positional):
+        if p.name in names:
+            nums.add(i)
+        if i in nums and p.kind is p.POSITIONAL_OR_KEYWORD:
+            names.add(p.name)
+    if positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        for i in nums:
+            if not -len(positional) <= i < len(positional):
+                raise FunctxValueError(
+                    f"jit({fn_name(fun)}): static_argnums={sorted(nums)} is out of range: the "
+                    f"function takes {len(positional)} positional arguments."
+                )
+    return tuple(sorted(nums)), tuple(sorted(names))
+
+
+class _Inline:
+    """Cache entry: this signature runs inline (see NOTE [two ways down to XLA])."""
+
+
+class Jitted:
+    """The compiled function `functx.jit(f)` returns. Call it like `f`;
+    `.lower(*args)` gives JAX's lowered program (for `.compile()`,
+    `.as_text()`, `.cost_analysis()`, ...)."""
+
+    # Internal state lives in slots, so that wrappers of a Jitted (which
+    # copy its __dict__, as functools.wraps does) never copy it, and a
+    # Jitted wrapping another wrapper never receives theirs.
+    __slots__ = ("_fun", "_name", "_static_argnums", "_static_argnames", "_donate", "_pure",
+                 "_stateful", "_graphs", "__dict__", "__weakref__")
+
+    def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=()):
+        check_callable(fun, "jit")
+        self._fun = fun
+        self._name = fn_name(fun)
+        self._static_argnums, self._static_argnames = _resolve_static(
+            fun, static_argnums, static_argnames)
+        self._donate = tuple(_as_tuple(donate_argnums, "donate_argnums"))
+        self._pure = jax.jit(self._trace_pure, static_argnums=self._static_argnums,
+                             static_argnames=self._static_argnames,
+                             donate_argnums=self._donate)
+        self._stateful = None  # built when a trace draws from the generator
+        self._graphs = {}
+        functools.update_wrapper(self, fun, updated=())
+
+    # -- the jax.jit path ---------------------------------------------------
+
+    def _trace_pure(self, *args, **kwargs):
+        with _random.assume_no_draws():
+            return self._fun(*args, **kwargs)
+
+    def _trace_stateful(self, key, *args, **kwargs):
+        with _random.threaded_state(key) as final:
+            out = self._fun(*args, **kwargs)
+        return out, final.key
+
+    def _stateful_jit(self):
+        if self._stateful is None:
+            self._stateful = jax.jit(
+                self._trace_stateful,
+                static_argnums=tuple(i + 1 for i in self._static_argnums),
+                static_argnames=self._static_argnames,
+                donate_argnums=tuple(i + 1 for i in self._donate),
+            )
+        return self._stateful
+
+    def __call__(self, *args, **kwargs):
+        if interpreter_stack():
+            return self._call_staged(args, kwargs)
+        if self._stateful is None:
+            try:
+                return self._pure(*args, **kwargs)
+            except _random.UsesGeneratorState:
+                if _random.in_pure_trace():
+                    raise  # an enclosing jit must thread the state first
+        out, key = self._stateful_jit()(_random.get_rng_state(), *args, **kwargs)
+        _random.set_rng_state(key)
+        return out
+
+    def lower(self, *args, **kwargs):
+        if self._stateful is None:
+            try:
+                return self._pure.lower(*args, **kwargs)
+            except _random.UsesGeneratorState:
+                pass
+        return self._stateful_jit().lower(_random.get_rng_state(), *args, **kwargs)
+
+    # -- the staged path (under functx transforms) --------------------------
+
+    def _split(self, args, kwargs):
+        """(dynamic arguments, static key, rebuild) where rebuild(dynamic)
+        gives back (args, kwargs)."""
+        nums, names = self._static_argnums, self._static_argnames
+        nums = {i % len(args) for i in nums if -len(args) <= i < len(args)}
+        static = tuple((i, args[i]) for i in sorted(nums)) + tuple(
+            sorted((k, v) for k, v in kwargs.items() if k in names))
+        dyn = ([a for i, a in enumerate(args) if i not in nums],
+               {k: v for k, v in kwargs.items() if k not in names})
+        try:
+            hash(static)
+        except TypeError:
+            raise FunctxValueError(
+                f"jit({self._name}): static arguments must be hashable, got "
+                f"{[type(v).__name__ for _, v in static]}. Make them tuples or "
+                "frozen dataclasses, or pass them as array arguments."
+            ) from None
+
+        def rebuild(d):
+            d_args, d_kwargs = d
+            it = iter(d_args)
+            fixed = dict(static)
+            out = [fixed[i] if i in nums else next(it) for i in range(len(args))]
+            d_kwargs.update((k, v) for k, v in static if isinstance(k, str))
+            return out, d_kwargs
+
+        return dyn, static, rebuild
+
+    def _call_staged(self, args, kwargs):
+        dyn, static, rebuild = self._split(args, kwargs)
+        leaves, in_tree = tree_util.tree_flatten(dyn)
+        leaves = [as_array(x, f"jit({self._name})", "an argument") for x in leaves]
+        key = (in_tree, static, tuple(aval_of(x) for x in leaves))
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._graphs[key] = self._stage(leaves, in_tree, rebuild)
+        if entry is _Inline:
+            return self._fun(*args, **kwargs)
+        graph, out_tree = entry
+        outs = bind(jit_call, *leaves, graph=graph, name=self._name)
+        return tree_util.tree_unflatten(out_tree, outs)
+
+    def _stage(self, leaves, in_tree, rebuild):
+        out_tree = []
+
+        def flat_fun(*flat):
+            a, kw = rebuild(tree_util.tree_unflatten(in_tree, list(flat)))
+            out_leaves, tree = tree_util.tree_flatten(self._fun(*a, **kw))
+            out_tree.append(tree)
+            return [as_array(x, f"jit({self._name})", "an output") for x in out_leaves]
+
+        state = _random.peek_state()
+        graph, captured = stage(flat_fun, [aval_of(x) for x in leaves], f"jit({self._name})")
+        if _random.peek_state() is not state:
+            _random.set_rng_state(state)  # the inline run draws the same numbers
+            return _Inline
+        if captured:
+            return _Inline
+        return graph, out_tree[0]
+
+
+def jit(func, static_argnums=(), static_argnames=(), donate_argnums=()):
+    """Compile `func` with XLA (jax.jit), whatever functx transforms it uses
+    inside, and whichever it is used under.
+
+    The compiled program is cached per shapes, dtypes and values of the
+    static arguments: a second call with the same ones does not run `func`
+    again. `static_argnums` / `static_argnames` name arguments that are
+    Python values (hashable; a new value compiles a new program);
+    `donate_argnums` lets XLA reuse the buffers of those arguments for the
+    results. Draws from functx's stateful generator inside `func` advance the
+    generator on every call, as they would without jit.
+    """
+    return Jitted(func, static_argnums, static_argnames, donate_argnums)
+
+
+def make_graph(func, static_argnums=()):
+    """`make_graph(f)(*args)` returns the staged functx program of `f` on
+    arguments like `args`: a Graph whose printout has one line per
+    primitive with the shapes and dtypes it defines. Any composition of
+    transforms can be staged, e.g. `make_graph(vmap(grad(f)))(xs)`.
+    Arguments in `static_argnums` are fixed Python values, not inputs."""
+    check_callable(func, "make_graph")
+    nums = _as_tuple(static_argnums, "static_argnums")
+
+    def staged(*args, **kwargs):
+        n = len(args)
+        static = {i % n for i in nums}
+        dyn = [a for i, a in enumerate(args) if i not in static]
+        leaves, in_tree = tree_util.tree_flatten((dyn, kwargs))
+        leaves = [as_array(x, f"make_graph({fn_name(func)})", "an argument") for x in leaves]
+
+        def flat_fun(*flat):
+            d, kw = tree_util.tree_unflatten(in_tree, list(flat))
+            it = iter(d)
+            full = [args[i] if i in static else next(it) for i in range(n)]
+            out = tree_util.tree_leaves(func(*full, **kw))
+            return [as_array(x, f"make_graph({fn_name(func)})", "an output") for x in out]
+
+        graph, _ = stage(flat_fun, [aval_of(x) for x in leaves], "make_graph")
+        return graph
+
+    return staged

@@ -1,0 +1,246 @@
+"""functx.jit and make_graph: compile caching (call counters), every
+composition in both orders against JAX's transforms (float64), inner jits
+that stay one staged call under outer transforms, static and donated
+arguments, the stateful generator threaded through compiled code, and the
+printed program."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import functx as fx
+import functx.numpy as fnp
+from functx.interpreters.staging import Graph
+
+rng = np.random.default_rng(1)
+X = jnp.asarray(rng.uniform(-1, 1, (3,)))
+Y = jnp.asarray(rng.uniform(-1, 1, (3,)))
+XS = jnp.asarray(rng.uniform(-1, 1, (4, 3)))
+YS = jnp.asarray(rng.uniform(-1, 1, (4, 3)))
+
+
+def close(a, b):
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb):
+        assert np.shape(x) == np.shape(y)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-12)
+
+
+def f_np(np_):
+    def f(x, y):
+        return np_.sum(np_.tanh(x) * np_.exp(y) * x) + np_.sum(np_.sin(x * y))
+    return f
+
+
+f_fx, f_jax = f_np(fnp), f_np(jnp)
+
+
+class Counted:
+    """A function that counts how often its Python body runs."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# Caching
+
+
+def test_second_call_with_same_signature_does_not_rerun_python():
+    body = Counted(f_fx)
+    jf = fx.jit(body)
+    close(jf(X, Y), f_jax(X, Y))
+    close(jf(Y, X), f_jax(Y, X))
+    assert body.calls == 1
+    jf(XS[0:2], YS[0:2, :3][0:2])  # a new shape traces again
+    assert body.calls == 2
+    jf(X.astype(jnp.float32), Y.astype(jnp.float32))  # a new dtype too
+    assert body.calls == 3
+
+
+def test_static_arguments_key_the_cache():
+    def h(x, n, scale=1.0):
+        for _ in range(n):
+            x = fnp.sin(x)
+        return x * scale
+
+    body = Counted(h)
+    jh = fx.jit(body, static_argnums=1, static_argnames="scale")
+    close(jh(X, 2), jnp.sin(jnp.sin(X)))
+    close(jh(X + 1.0, 2), jnp.sin(jnp.sin(X + 1.0)))
+    assert body.calls == 1
+    close(jh(X, 3), jnp.sin(jnp.sin(jnp.sin(X))))
+    close(jh(X, 2, scale=2.0), 2.0 * jnp.sin(jnp.sin(X)))
+    assert body.calls == 3
+    # static arguments also work on the staged path, under a transform
+    close(fx.grad(lambda x: jh(x, 2, scale=3.0).sum())(X),
+          jax.grad(lambda x: 3.0 * jnp.sin(jnp.sin(x)).sum())(X))
+
+
+def test_inner_jit_under_a_transform_is_staged_once():
+    body = Counted(f_fx)
+    jf = fx.jit(body)
+    g = fx.grad(jf)
+    close(g(X, Y), jax.grad(f_jax)(X, Y))
+    close(g(Y, X), jax.grad(f_jax)(Y, X))
+    close(fx.vmap(jf)(XS, YS), jax.vmap(f_jax)(XS, YS))
+    close(fx.vmap(jf)(YS, XS), jax.vmap(f_jax)(YS, XS))
+    # vmap sees per-example 3-vectors: the same signature as grad's, so the
+    # graph staged for grad is reused (batched) and the body ran once
+    assert body.calls == 1
+
+
+def test_inner_jit_is_one_equation_of_the_outer_program():
+    jf = fx.jit(f_fx)
+    graph = fx.make_graph(fx.grad(jf))(X, Y)
+    prims = [e.prim.name for e in graph.eqns]
+    assert prims == ["jit_call", "jit_call"]  # the primal part and the transposed tangent part
+    text = str(graph)
+    assert "transpose(jvp(f))" in text and "tanh" in text
+
+
+# ---------------------------------------------------------------------------
+# Compositions, both orders
+
+
+@pytest.mark.parametrize("name, fx_fn, jax_fn, args", [
+    ("jit(vmap(grad))", fx.jit(fx.vmap(fx.grad(f_fx))), jax.vmap(jax.grad(f_jax)), (XS, YS)),
+    ("jit(jacfwd(jacrev))", fx.jit(fx.jacfwd(fx.jacrev(f_fx))), jax.jacfwd(jax.jacrev(f_jax)), (X, Y)),
+    ("jit(hessian)", fx.jit(fx.hessian(f_fx, argnums=1)), jax.hessian(f_jax, argnums=1), (X, Y)),
+    ("grad(jit)", fx.grad(fx.jit(f_fx), argnums=(0, 1)), jax.grad(f_jax, argnums=(0, 1)), (X, Y)),
+    ("vmap(jit)", fx.vmap(fx.jit(f_fx), in_dims=(1, None)), jax.vmap(f_jax, in_axes=(1, None)),
+     (XS.T, Y)),
+    ("jacrev(jacrev(jit))", fx.jacrev(fx.jacrev(fx.jit(f_fx))), jax.hessian(f_jax), (X, Y)),
+    ("jacfwd(grad(jit))", fx.jacfwd(fx.grad(fx.jit(f_fx))), jax.hessian(f_jax), (X, Y)),
+    ("vmap(grad(jit))", fx.vmap(fx.grad(fx.jit(f_fx))), jax.vmap(jax.grad(f_jax)), (XS, YS)),
+    ("grad(vmap(jit)).sum", fx.grad(lambda x, y: fx.vmap(fx.jit(f_fx))(x, y).sum()),
+     jax.grad(lambda x, y: jax.vmap(f_jax)(x, y).sum()), (XS, YS)),
+    ("jit(grad(jit))", fx.jit(fx.grad(fx.jit(f_fx))), jax.grad(f_jax), (X, Y)),
+])
+def test_composition_matches_jax(name, fx_fn, jax_fn, args):
+    close(fx_fn(*args), jax_fn(*args))
+
+
+def test_jvp_and_linearize_of_jit():
+    jf = fx.jit(f_fx)
+    out, t = fx.jvp(jf, (X, Y), (Y, X))
+    close((out, t), jax.jvp(f_jax, (X, Y), (Y, X)))
+    out, lin = fx.linearize(lambda x: jf(x, Y), X)
+    close(lin(Y), jax.jvp(lambda x: f_jax(x, Y), (X,), (Y,))[1])
+    close(lin(X), jax.jvp(lambda x: f_jax(x, Y), (X,), (X,))[1])
+
+
+def test_vjp_of_jit_with_a_zero_cotangent_and_unused_input():
+    def two(x, y):
+        return fnp.sin(x), fnp.cos(x) * 2.0
+
+    out, vjp_fn = fx.vjp(fx.jit(two), X, Y)
+    cx, cy = vjp_fn((jnp.zeros(3), Y))
+    close(cx, -2.0 * jnp.sin(X) * Y)
+    close(cy, jnp.zeros(3))
+
+
+def test_jit_inside_jit_and_inside_jax_jit():
+    inner = fx.jit(lambda a: fnp.sin(a) * 2.0)
+    outer = fx.jit(lambda a: fx.grad(lambda b: inner(b).sum())(a) + inner(a))
+    close(outer(X), 2.0 * jnp.cos(X) + 2.0 * jnp.sin(X))
+    close(jax.jit(fx.grad(fx.jit(f_fx)))(X, Y), jax.grad(f_jax)(X, Y))
+
+
+def test_closure_over_an_outer_tracer_is_differentiated():
+    # the inner jit closes over `y`, a value of the enclosing grad
+    def outer(y):
+        return fx.jit(lambda x: fnp.sum(x * y ** 2))(X)
+
+    close(fx.grad(outer)(Y), jax.grad(lambda y: jnp.sum(X * y ** 2))(Y))
+    close(fx.vmap(outer)(YS), jax.vmap(lambda y: jnp.sum(X * y ** 2))(YS))
+
+
+def test_pytrees_in_and_out():
+    k = fx.jit(lambda d: {"a": d["x"] * 2.0, "b": (fnp.sin(d["y"]), None)})
+    out = k({"x": X, "y": Y})
+    close(out, {"a": X * 2.0, "b": (jnp.sin(Y), None)})
+    g = fx.grad(lambda d: k(d)["a"].sum() + k(d)["b"][0].sum())({"x": X, "y": Y})
+    close(g, {"x": jnp.full(3, 2.0), "y": jnp.cos(Y)})
+
+
+def test_donated_arguments_give_the_same_result():
+    d = fx.jit(lambda a, b: a * 2.0 + b, donate_argnums=0)
+    close(d(jnp.array(X), Y), X * 2.0 + Y)
+
+
+def test_lower_gives_jax_lowering():
+    lowered = fx.jit(f_fx).lower(X, Y)
+    assert "tanh" in lowered.as_text()
+    close(lowered.compile()(X, Y), f_jax(X, Y))
+
+
+# ---------------------------------------------------------------------------
+# The stateful generator under jit
+
+
+def test_generator_state_is_threaded_through_compiled_calls():
+    draw = fx.jit(lambda x: fx.random.rand(3) + x)
+    fx.random.manual_seed(7)
+    a, b = draw(1.0), draw(1.0)
+    fx.random.manual_seed(7)
+    ea, eb = fx.random.rand(3) + 1.0, fx.random.rand(3) + 1.0
+    close((a, b), (ea, eb))
+    assert not np.allclose(a, b)
+
+
+def test_generator_state_through_nested_jits():
+    inner = fx.jit(lambda: fx.random.randn(2))
+    outer = fx.jit(lambda: inner() * 2.0)
+    fx.random.manual_seed(3)
+    got = [outer(), outer()]
+    fx.random.manual_seed(3)
+    want = [fx.random.randn(2) * 2.0, fx.random.randn(2) * 2.0]
+    close(got, want)
+
+
+def test_generator_draws_under_an_outer_transform_run_inline():
+    draw = fx.jit(lambda x: x * fx.random.rand(3))
+    fx.random.manual_seed(5)
+    g1, g2 = fx.grad(lambda x: draw(x).sum())(1.0), fx.grad(lambda x: draw(x).sum())(1.0)
+    fx.random.manual_seed(5)
+    e1, e2 = fx.random.rand(3).sum(), fx.random.rand(3).sum()
+    close((g1, g2), (e1, e2))
+
+
+# ---------------------------------------------------------------------------
+# make_graph and errors
+
+
+def test_make_graph_prints_one_line_per_primitive_with_shapes():
+    graph = fx.make_graph(fx.vmap(fx.grad(f_fx)))(XS, YS)
+    assert isinstance(graph, Graph)
+    text = str(graph)
+    assert text.startswith("{ lambda a:f64[4,3] b:f64[4,3].")
+    assert "tanh" in text and "cos" in text and "f64[4,3] = mul" in text
+    assert len(text.splitlines()) == len(graph.eqns) + 2
+    # the graph evaluates to the transform's result
+    close(graph(XS, YS)[0], jax.vmap(jax.grad(f_jax))(XS, YS))
+
+
+def test_make_graph_static_argnums():
+    graph = fx.make_graph(lambda x, n: fnp.sin(x) * n, static_argnums=1)(X, 3)
+    assert [e.prim.name for e in graph.eqns] == ["sin", "mul"]
+
+
+def test_jit_errors_name_the_argument():
+    with pytest.raises(fx.FunctxTypeError, match=r"jit\(func\).*callable"):
+        fx.jit(3)
+    with pytest.raises(fx.FunctxValueError, match=r"static_argnums.*out of range"):
+        fx.jit(lambda x: x, static_argnums=3)
+    jf = fx.jit(lambda x, s: x * len(s), static_argnums=1)
+    with pytest.raises(fx.FunctxValueError, match=r"static arguments must be hashable"):
+        fx.grad(lambda x: jf(x, [1, 2]))(1.0)
