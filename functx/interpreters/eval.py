@@ -47,3 +47,14 @@ def defimpl(prim, fn):
     not a single JAX primitive)."""
     impl_rules[prim] = fn
     return fn
+
+
+def compiled(graph):
+    """A staged graph as one jax.jit-compiled function of its inputs
+    (returning the list of its outputs), made once per graph."""
+    fn = graph.cache.get("compiled")
+    if fn is None:
+        from .staging import eval_graph
+
+        fn = graph.cache["compiled"] = jax.jit(lambda *args: eval_graph(graph, args))
+    return fn

@@ -19,15 +19,46 @@ slicing, gather, dot_general, ...) need transpose rules. A tangent that is a
 symbolic Zero is never boxed: values that do not depend on the inputs being
 differentiated stay plain lower-level values and cost nothing.
 
+NOTE [eager reverse mode in few dispatches]
+On concrete arrays each JAX call costs a dispatch (~10 us), more than the
+Python around it. Two caches cut the dispatches of eager reverse mode:
+
+* a *fused step*: the second time a primitive is met with the same
+  parameters, input avals and differentiated inputs, the jvp of that one
+  primitive is staged and split (`jvp_graph`) into a primal part (output and
+  residuals, e.g. `sin(x)` and `cos(x)`) compiled as one program, and a
+  tangent part whose equations are copied onto the tape. One dispatch per
+  primitive on the way forward, and no jvp rule runs in Python.
+* a *compiled backward pass*: a tape whose structure (equations, avals,
+  which values are constants) was already transposed twice is transposed by
+  one compiled program taking its constants and cotangents as arguments.
+
+Both only engage on concrete arrays (not under an enclosing transform or
+jax.jit, where the program is staged anyway) and only for what repeats, so
+one-off shapes do not pay for a compilation.
+
 Transpose rule convention: `rule(ct, *args, **params) -> [ct_or_None per
 arg]`, where the linear arguments are `staging.Var`s (`staging.is_linear`)
 and the others are the constant values; `ct` is a list for primitives with
 multiple results (with `Zero` where an output got no cotangent).
 """
 
-from ..core import Zero, aval_of, bind, missing_rule
-from .jvp import JVPInterpreter, JVPTracer
-from .staging import StagingInterpreter, StagingTracer, Var, dce, eval_graph
+from ..core import Aval, Zero, aval_of, bind, missing_rule
+from ..core import _ArrayImpl as ArrayImpl
+from ..errors import FunctxError
+from .eval import compiled
+from .jvp import JVPInterpreter, JVPTracer, jvp_graph
+from .staging import (
+    Const,
+    Eqn,
+    Graph,
+    StagingInterpreter,
+    StagingTracer,
+    Var,
+    dce,
+    eval_graph,
+    output_avals,
+)
 
 transpose_rules = {}  # Primitive -> rule
 
@@ -63,6 +94,25 @@ class _Tape(StagingInterpreter):
         pass
 
 
+    def inline(self, graph, args):
+        """Append the equations of `graph` applied to `args` (tape tracers
+        or constants); return its outputs as tape tracers (or constants)."""
+        env = {}
+        for v, a in zip(graph.inputs, args, strict=True):
+            env[v] = a.var if type(a) is StagingTracer and a._interp is self else Const(a)
+        eqns = self.eqns
+        for eqn in graph.eqns:
+            ins = [env[x] if type(x) is Var else x for x in eqn.inputs]
+            outs = [Var(v.aval) for v in eqn.outputs]
+            env.update(zip(eqn.outputs, outs))
+            eqns.append(Eqn(eqn.prim, ins, outs, eqn.params))
+        result = []
+        for x in graph.outputs:
+            x = env[x] if type(x) is Var else x
+            result.append(StagingTracer(self, x) if type(x) is Var else x.value)
+        return result
+
+
 class ReverseInterpreter(JVPInterpreter):
     """The jvp interpreter, with tangents that are staged on a tape."""
 
@@ -82,6 +132,32 @@ class ReverseInterpreter(JVPInterpreter):
             return ReverseTracer(self, primal, tangent)
         return primal
 
+    def process(self, prim, args, params):
+        primals, tangents = [], []
+        concrete = True
+        for a in args:
+            if type(a) is ReverseTracer and a._interp is self:
+                p = a.primal
+                primals.append(p)
+                tangents.append(a.tangent)
+            else:
+                p = a
+                primals.append(a)
+                tangents.append(None)
+            if type(p) is not ArrayImpl:
+                concrete = False
+        if concrete:
+            step = fused_step(prim, params, primals, tuple(t is not None for t in tangents))
+            if step is not None:
+                outs = step.primal(*primals)
+                n = step.n_out
+                live = [t for t in tangents if t is not None]
+                out_tangents = iter(self.tape.inline(step.tangent, outs[n:] + live))
+                boxed = [self.box(o, next(out_tangents)) if nz else o
+                         for o, nz in zip(outs[:n], step.out_nonzero)]
+                return boxed if prim.multiple_results else boxed[0]
+        return super().process(prim, args, params)
+
     def linear_map(self, inputs, outputs):
         """The tape as a `LinearMap` from the tangents of `inputs` (this
         interpreter's tracers) to those of `outputs` (symbolic zeros where an
@@ -96,6 +172,120 @@ class ReverseInterpreter(JVPInterpreter):
                 zero_avals.append(aval_of(o))
         graph = dce(self.tape.graph([x.tangent for x in inputs], live))
         return LinearMap(graph, zero_avals)
+
+
+class FusedStep:
+    __slots__ = ("n_out", "out_nonzero", "primal", "tangent")
+
+
+_fused = {}  # (prim, params, avals, differentiated) -> times seen | FusedStep | None
+
+
+def fused_step(prim, params, primals, differentiated):
+    """The FusedStep for this application of `prim`, or None (first
+    sighting, unhashable parameters, or a rule that cannot be staged)."""
+    try:
+        key = (prim, tuple(params.items()), tuple(p.aval for p in primals), differentiated)
+        entry = _fused.get(key, 0)
+    except TypeError:
+        return None
+    if type(entry) is not int:
+        return entry
+    if entry == 0:
+        if len(_fused) < 20000:
+            _fused[key] = 1
+        return None
+    _fused[key] = entry = _build_fused(prim, params, primals, differentiated)
+    return entry
+
+
+def _build_fused(prim, params, primals, differentiated):
+    in_avals = [aval_of(p) for p in primals]
+    ins = [Var(a) for a in in_avals]
+    out_avals = output_avals(prim, in_avals, params)
+    outs = [Var(a) for a in (out_avals if prim.multiple_results else [out_avals])]
+    graph = Graph(ins, [Eqn(prim, ins, outs, params)], outs)
+    try:
+        primal, tangent, out_nonzero = jvp_graph(graph, differentiated)
+    except FunctxError:  # a rule that needs concrete values: stay unfused
+        return None
+    step = FusedStep()
+    step.primal = compiled(primal)
+    step.tangent = tangent
+    step.n_out = len(outs)
+    step.out_nonzero = out_nonzero
+    return step
+
+
+_backward = {}  # tape structure -> times seen | compiled transpose
+
+
+def compiled_backward(graph, cts):
+    """`backward_pass(graph, cts)` by one compiled program when a tape of
+    this structure has been transposed before; None when it should run
+    primitive by primitive."""
+    for c in cts:
+        if type(c) is not ArrayImpl:
+            return None
+    index = {v: i for i, v in enumerate(graph.inputs)}
+    consts, sig = [], []
+    for eqn in graph.eqns:
+        ins = []
+        for x in eqn.inputs:
+            if type(x) is Var:
+                ins.append(index[x])
+            else:
+                v = x.value
+                if type(v) is ArrayImpl:
+                    ins.append(-1 - len(consts))
+                    consts.append(v)
+                elif type(v) in (int, float, bool):
+                    ins.append((v, type(v)))
+                else:
+                    return None
+        for o in eqn.outputs:
+            index[o] = len(index)
+        sig.append((eqn.prim, tuple(eqn.params.items()), tuple(ins)))
+    try:
+        outs = tuple(index[x] for x in graph.outputs)
+        key = (tuple(sig), outs, tuple(v.aval for v in graph.inputs),
+               tuple(c.aval for c in consts), tuple(c.aval for c in cts))
+        entry = _backward.get(key, 0)
+    except (KeyError, TypeError):  # a constant output, unhashable parameters
+        return None
+    if type(entry) is int:
+        if entry < 2:
+            if len(_backward) < 2000:
+                _backward[key] = entry + 1
+            return None
+        entry = _backward[key] = _compile_backward(graph, consts)
+    out = entry(consts, list(cts))
+    return [Zero(v.aval) if c is None else c for v, c in zip(graph.inputs, out)]
+
+
+def _compile_backward(graph, consts):
+    """A jitted `(consts, cts) -> input cotangents (None for zeros)` for
+    every tape with the structure of `graph`; holds no value of `graph`."""
+    import jax
+
+    const_vars = {}
+    for c in consts:
+        const_vars[id(c)] = Var(Aval(c.shape, c.dtype, c.weak_type))
+
+    def convert(x):
+        if type(x) is Const and type(x.value) is ArrayImpl:
+            return const_vars[id(x.value)]
+        return x
+
+    eqns = [Eqn(e.prim, [convert(x) for x in e.inputs], e.outputs, e.params) for e in graph.eqns]
+    template = Graph(list(graph.inputs), eqns, list(graph.outputs))
+    order = [const_vars[id(c)] for c in consts]
+
+    def transpose(const_vals, cts):
+        in_cts = backward_pass(template, cts, known=dict(zip(order, const_vals)))
+        return [None if type(c) is Zero else c for c in in_cts]
+
+    return jax.jit(transpose)
 
 
 class LinearMap:
@@ -117,7 +307,8 @@ class LinearMap:
         """Transpose: output cotangents (Zero allowed) to input cotangents
         (Zero where none arrived)."""
         live = [c for c, z in zip(cts, self.zero_avals, strict=True) if z is None]
-        return backward_pass(self.graph, live)
+        out = compiled_backward(self.graph, live)
+        return backward_pass(self.graph, live) if out is None else out
 
 
 _add_any = None

@@ -8,25 +8,22 @@ its transpose, its batched version), cached on the graph, and binds
 one `jax.jit`-compiled program, compiled once per graph.
 """
 
-import jax
-
 from ..interpreters.batching import batch_graph
-from ..interpreters.eval import defimpl
+from ..interpreters.eval import compiled, defimpl
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import transpose_graph
-from ..interpreters.staging import eval_graph
-from .common import Zero, batch_rules, bind, defprim, is_linear, jvp_rules, shape_rules, transpose_rules
+from .common import (
+    Zero,
+    batch_rules,
+    bind,
+    defprim,
+    is_linear,
+    jvp_rules,
+    shape_rules,
+    transpose_rules,
+)
 
 jit_call = defprim("jit_call", multiple_results=True)
-
-
-def compiled(graph):
-    """`graph` as a jax.jit-compiled function of its inputs (a list of
-    outputs), made once per graph."""
-    fn = graph.cache.get("compiled")
-    if fn is None:
-        fn = graph.cache["compiled"] = jax.jit(lambda *args: eval_graph(graph, args))
-    return fn
 
 
 def _impl(*args, graph, name):

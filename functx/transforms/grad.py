@@ -8,6 +8,7 @@ from jax import tree_util
 from ..core import Zero, aval_of, new_interpreter
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.reverse import ReverseInterpreter
+from ..primitives.common import scalar_constant
 from . import _args
 
 
@@ -148,7 +149,7 @@ def _grad_and_value(func, argnums, has_aux, name):
         r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
                               [f"argument {i}" for i in nums])
         _scalar_check(r, call)
-        one = np.ones((), r.out_avals[0].dtype)
+        one = scalar_constant(1.0, r.out_avals[0].dtype)
         grads = tree_util.tree_unflatten(r.in_tree, with_static(r, pull_back(r, [one])))
         grads = grads[0] if single else tuple(grads)
         value = r.out[0]
