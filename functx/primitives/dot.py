@@ -59,25 +59,43 @@ def _transposed(ct, other, ct_other_axes, other_axes, batch_other, nb, n_kept, k
     """The cotangent of one operand: contract `ct` with `other`, then put the
     axes back in the operand's order.
 
-    The product's axes are: batch, the operand's free axes (`kept`, the
-    ones `ct` still has), then the operand's contracted axes in the order of
-    their partners' (`other_contract`) positions in `other`.
+    `dot(ct, other)` yields the axes: batch, the operand's free axes (`kept`,
+    the ones `ct` still has), then the operand's contracted axes in the
+    order of their partners' (`other_contract`) positions in `other`;
+    `dot(other, ct)` yields batch, contracted, kept. The order that needs no
+    transpose is chosen when there is one: for `x @ W` the weight cotangent
+    is `outer(x, ct)` as it is laid out, not `outer(ct, x)` transposed (a
+    copy of every per-example gradient under vmap).
     """
-    dn = ((ct_other_axes, other_axes), (tuple(range(nb)), batch_other))
+    order = np.argsort(other_contract)
+    n_contract = len(contract)
+    batch_self = params["batch_self"]
+
+    def permutation(ct_first):
+        position = {}
+        for k, i in enumerate(batch_self):
+            position[i] = k
+        for k, i in enumerate(kept):
+            position[i] = nb + (0 if ct_first else n_contract) + k
+        for rank, c in enumerate(order):
+            position[contract[c]] = nb + (n_kept if ct_first else 0) + rank
+        return tuple(position[i] for i in range(ndim))
+
+    ct_first = True
+    perm = permutation(True)
+    if perm != tuple(range(ndim)) and permutation(False) == tuple(range(ndim)):
+        ct_first, perm = False, tuple(range(ndim))
+    if ct_first:
+        dn = ((ct_other_axes, other_axes), (tuple(range(nb)), batch_other))
+        operands = (ct, other)
+    else:
+        dn = ((other_axes, ct_other_axes), (batch_other, tuple(range(nb))))
+        operands = (other, ct)
     pet = params["preferred_element_type"]
     prod = bind(
-        dot_general_p, ct, other, dimension_numbers=dn, precision=params["precision"],
+        dot_general_p, *operands, dimension_numbers=dn, precision=params["precision"],
         preferred_element_type=None if pet is None else dtype, out_sharding=None,
     )
-    order = np.argsort(other_contract)
-    position = {}
-    for k, i in enumerate(params["batch_self"]):
-        position[i] = k
-    for k, i in enumerate(kept):
-        position[i] = nb + k
-    for rank, c in enumerate(order):
-        position[contract[c]] = nb + n_kept + rank
-    perm = tuple(position[i] for i in range(ndim))
     return st.transpose(prod, perm)
 
 
