@@ -244,3 +244,16 @@ def test_jit_errors_name_the_argument():
     jf = fx.jit(lambda x, s: x * len(s), static_argnums=1)
     with pytest.raises(fx.FunctxValueError, match=r"static arguments must be hashable"):
         fx.grad(lambda x: jf(x, [1, 2]))(1.0)
+
+
+def test_per_sample_weight_gradients_are_not_transposed_copies():
+    # the cotangent of W in x @ W is outer(x, ct) as laid out; the program
+    # JAX writes for the same thing transposes each per-example gradient
+    def loss(w, x):
+        return fnp.sum(fnp.tanh(x @ w) ** 2)
+
+    w, xs = jnp.ones((3, 2)), XS
+    lowered = fx.jit(fx.vmap(fx.grad(loss), in_dims=(None, 0))).lower(w, xs)
+    assert "transpose" not in lowered.as_text()
+    close(lowered.compile()(w, xs),
+          jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)), in_axes=(None, 0))(w, xs))
