@@ -237,6 +237,10 @@ class Interpreter:
     def process(self, prim, args, params):
         raise NotImplementedError
 
+    def release(self):
+        """Called when the interpreter's transform returns: drop what it
+        holds that its results do not need."""
+
     def concrete(self, tracer):
         """The value a tracer stands for, for Python control flow; raise if
         the interpreter cannot give one."""
@@ -263,6 +267,7 @@ def new_interpreter(interp):
     finally:
         interp.alive = False
         stack.remove(interp)
+        interp.release()
 
 
 def _escaped(tracer, prim):

@@ -257,3 +257,20 @@ def test_per_sample_weight_gradients_are_not_transposed_copies():
     assert "transpose" not in lowered.as_text()
     close(lowered.compile()(w, xs),
           jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)), in_axes=(None, 0))(w, xs))
+
+
+def test_chunked_vmap_under_jit_is_a_loop_that_bounds_memory():
+    w = jnp.asarray(rng.uniform(-1, 1, (3, 256)))
+    xs = jnp.asarray(rng.uniform(-1, 1, (64, 3)))
+
+    def f(x):  # a wide per-example intermediate, a small output
+        return fnp.sum(fnp.tanh(x @ w) ** 2)
+
+    full = fx.jit(fx.vmap(fx.grad(f))).lower(xs).compile()
+    full_temp = full.memory_analysis().temp_size_in_bytes
+    for k, bound in ((8, 0.25), (24, 0.75)):  # 24 leaves a partial last chunk of 16
+        lowered = fx.jit(fx.vmap(fx.grad(f), chunk_size=k)).lower(xs)
+        assert "while" in lowered.as_text()
+        compiled = lowered.compile()
+        close(compiled(xs), full(xs))
+        assert compiled.memory_analysis().temp_size_in_bytes < bound * full_temp

@@ -158,6 +158,12 @@ class ReverseInterpreter(JVPInterpreter):
                 return boxed if prim.multiple_results else boxed[0]
         return super().process(prim, args, params)
 
+    def release(self):
+        # The tape and this interpreter refer to each other; dropping the
+        # recorded equations (the linear map keeps those it needs) frees
+        # the residuals now rather than at the next garbage collection.
+        self.tape.eqns = []
+
     def linear_map(self, inputs, outputs):
         """The tape as a `LinearMap` from the tangents of `inputs` (this
         interpreter's tracers) to those of `outputs` (symbolic zeros where an

@@ -3,10 +3,12 @@ randomness modes of torch.func.vmap."""
 
 import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-from ..core import Tracer, aval_of, new_interpreter
+from ..core import Tracer, aval_of, interpreter_stack, new_interpreter
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.batching import BatchInterpreter, BatchTracer
 from ..primitives import structural as st
@@ -173,6 +175,50 @@ def _slice_along(x, d, start, stop):
     return st.slice(x, lo, hi)
 
 
+def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_dims, call):
+    """Chunked vmap while JAX traces (under jit), with no functx transform
+    around: the chunks become the iterations of a `jax.lax.map` loop, so
+    XLA keeps one chunk's intermediates alive at a time (a Python loop of
+    chunks would be unrolled into one program that may hold them all). A
+    last partial chunk runs after the loop."""
+    n_loop = size // chunk_size
+    batched = [k for k, d in enumerate(dims) if d is not None]
+    stacked = []
+    for k in batched:
+        x = jnp.moveaxis(leaves[k], dims[k], 0)[:n_loop * chunk_size]
+        stacked.append(x.reshape((n_loop, chunk_size) + x.shape[1:]))
+    front = [None if d is None else 0 for d in dims]
+    meta = []
+
+    def body(chunk):
+        part = list(leaves)
+        for k, x in zip(batched, chunk):
+            part[k] = x
+        outs, out_tree, flat_out_dims = _vmap_once(func, part, front, in_tree, kwargs,
+                                                   chunk_size, "error", out_dims, call)
+        meta[:] = [out_tree, flat_out_dims]
+        return outs
+
+    looped = jax.lax.map(body, stacked)
+    out_tree, flat_out_dims = meta
+    outs = []
+    for y, od in zip(looped, flat_out_dims):
+        if od is None:
+            outs.append(y[0])
+            continue
+        od = od % (y.ndim - 1)
+        y = jnp.moveaxis(y, 0, od)
+        outs.append(y.reshape(y.shape[:od] + (n_loop * chunk_size,) + y.shape[od + 2:]))
+    if n_loop * chunk_size < size:
+        part = [x if d is None else _slice_along(x, d, n_loop * chunk_size, size)
+                for x, d in zip(leaves, dims)]
+        tail, _, _ = _vmap_once(func, part, dims, in_tree, kwargs, size - n_loop * chunk_size,
+                                "error", out_dims, call)
+        outs = [o if od is None else jnp.concatenate([o, t], od % o.ndim)
+                for o, t, od in zip(outs, tail, flat_out_dims)]
+    return tree_util.tree_unflatten(out_tree, outs)
+
+
 def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     """Vectorizing map: run `func` on every slice of its inputs along a
     batch dimension, as one batched computation.
@@ -225,6 +271,10 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
             outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size,
                                            randomness, out_dims, call)
             return tree_util.tree_unflatten(out_tree, outs)
+        if randomness == "error" and not interpreter_stack() and any(
+                isinstance(x, jax.core.Tracer) for x in leaves):
+            return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size,
+                                   out_dims, call)
         chunks = []
         for start in range(0, size, chunk_size):
             stop = min(start + chunk_size, size)
