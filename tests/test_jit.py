@@ -274,3 +274,14 @@ def test_chunked_vmap_under_jit_is_a_loop_that_bounds_memory():
         compiled = lowered.compile()
         close(compiled(xs), full(xs))
         assert compiled.memory_analysis().temp_size_in_bytes < bound * full_temp
+
+
+def test_chunked_jacrev_under_jit_is_a_loop():
+    w = jnp.asarray(rng.uniform(-1, 1, (3, 16)))
+
+    def f(x):
+        return fnp.tanh(w.T @ x)
+
+    lowered = fx.jit(fx.jacrev(f, chunk_size=4)).lower(X)
+    assert "while" in lowered.as_text()
+    close(lowered.compile()(X), jax.jacrev(lambda x: jnp.tanh(w.T @ x))(X))

@@ -175,6 +175,15 @@ def _slice_along(x, d, start, stop):
     return st.slice(x, lo, hi)
 
 
+def _jax_is_tracing(leaves):
+    try:
+        from jax._src import core as jcore
+
+        return not jcore.trace_ctx.is_top_level()
+    except (ImportError, AttributeError):  # other JAX layouts: look at the inputs
+        return any(isinstance(x, jax.core.Tracer) for x in leaves)
+
+
 def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_dims, call):
     """Chunked vmap while JAX traces (under jit), with no functx transform
     around: the chunks become the iterations of a `jax.lax.map` loop, so
@@ -271,8 +280,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
             outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size,
                                            randomness, out_dims, call)
             return tree_util.tree_unflatten(out_tree, outs)
-        if randomness == "error" and not interpreter_stack() and any(
-                isinstance(x, jax.core.Tracer) for x in leaves):
+        if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
             return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size,
                                    out_dims, call)
         chunks = []
