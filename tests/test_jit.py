@@ -285,3 +285,18 @@ def test_chunked_jacrev_under_jit_is_a_loop():
     lowered = fx.jit(fx.jacrev(f, chunk_size=4)).lower(X)
     assert "while" in lowered.as_text()
     close(lowered.compile()(X), jax.jacrev(lambda x: jnp.tanh(w.T @ x))(X))
+
+
+def test_ensemble_forward_and_backward_lower_without_transposes():
+    # vmap over stacked weights with a shared minibatch: `x @ W[model]`
+    # broadcasts x rather than folding the model axis into W's columns
+    # (which makes XLA copy W and the result around)
+    ws = jnp.asarray(rng.uniform(-1, 1, (5, 3, 4)))
+
+    def loss(w, x):
+        return fnp.sum(fnp.tanh(x @ w) ** 2)
+
+    lowered = fx.jit(fx.vmap(fx.grad(loss), in_dims=(0, None))).lower(ws, XS)
+    assert "transpose" not in lowered.as_text()
+    close(lowered.compile()(ws, XS),
+          jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)), in_axes=(0, None))(ws, XS))

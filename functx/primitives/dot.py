@@ -133,6 +133,14 @@ def _dot_batch(size, vals, dims, *, dimension_numbers, **params):
     x, y = vals
     xd, yd = dims
     (lc, rc), (lb, rb) = dimension_numbers
+    if (xd is None) != (yd is None) and _broadcast_pays(size, x, y, xd, yd, lc, rc, lb, rb):
+        # Make the unbatched operand batched too (see _broadcast_pays).
+        if xd is None:
+            x, xd = st.broadcast_in_dim(x, (size,) + aval_of(x).shape,
+                                        tuple(range(1, aval_of(x).ndim + 1))), 0
+        else:
+            y, yd = st.broadcast_in_dim(y, (size,) + aval_of(y).shape,
+                                        tuple(range(1, aval_of(y).ndim + 1))), 0
     if xd is not None and yd is not None:
         x, y = moveaxis(x, xd, 0), moveaxis(y, yd, 0)
         dn = ((_shift(lc), _shift(rc)), ((0,) + _shift(lb), (0,) + _shift(rb)))
@@ -146,6 +154,39 @@ def _dot_batch(size, vals, dims, *, dimension_numbers, **params):
     dn = ((lc, _shift(rc)), (lb, _shift(rb)))
     n_x_free = aval_of(x).ndim - len(lc) - len(lb)
     return bind(dot_general_p, x, y, dimension_numbers=dn, **params), len(lb) + n_x_free
+
+
+def _broadcast_pays(size, x, y, xd, yd, lc, rc, lb, rb):
+    """With one operand batched, the batch axis can be folded into that
+    operand's free axes (no copy of the other operand), but then it lands
+    in the middle of the result whenever the result has leading batch or
+    lhs axes before it, and XLA lays the batched operand out again and
+    copies the result to move the batch axis back: that is an ensemble's
+    `x @ W[model]`. Broadcasting the unbatched operand instead makes a
+    batched product with the batch axis in front and no copies but the
+    broadcast. Broadcast when the batch axis would not lead and the
+    broadcast is smaller than what it replaces (the batched operand plus
+    the result)."""
+    xa, ya = aval_of(x), aval_of(y)
+    n_x_free = xa.ndim - len(lc) - len(lb)
+    if xd is not None:
+        if not lb:
+            return False
+        batched, unbatched = xa, ya
+    else:
+        if not lb and not n_x_free:
+            return False
+        batched, unbatched = ya, xa
+    out_size = size
+    for i in lb:
+        out_size *= xa.shape[i]
+    for i in range(xa.ndim):
+        if i not in lc and i not in lb:
+            out_size *= xa.shape[i]
+    for i in range(ya.ndim):
+        if i not in rc and i not in rb:
+            out_size *= ya.shape[i]
+    return size * unbatched.size <= batched.size + out_size
 
 
 batch_rules[dot_general_p] = _dot_batch
