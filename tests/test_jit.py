@@ -300,3 +300,14 @@ def test_ensemble_forward_and_backward_lower_without_transposes():
     assert "transpose" not in lowered.as_text()
     close(lowered.compile()(ws, XS),
           jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)), in_axes=(0, None))(ws, XS))
+
+
+def test_batched_matrix_vector_product_does_not_broadcast_the_matrix():
+    # the broadcast that pays for an ensemble must not be chosen for a
+    # shared matrix times batched vectors (a B x n x n copy)
+    w = jnp.asarray(rng.uniform(-1, 1, (16, 16)))
+    vs = jnp.asarray(rng.uniform(-1, 1, (16, 16)))
+    for in_dims in (0, 1):
+        text = fx.jit(lambda vs: fx.vmap(lambda v: w @ v, in_dims=in_dims)(vs)).lower(vs).as_text()
+        assert "16x16x16" not in text
+    close(fx.vmap(lambda v: w @ v)(vs), jax.vmap(lambda v: w @ v)(vs))

@@ -167,26 +167,24 @@ def _broadcast_pays(size, x, y, xd, yd, lc, rc, lb, rb):
     broadcast. Broadcast when the batch axis would not lead and the
     broadcast is smaller than what it replaces (the batched operand plus
     the result)."""
-    xa, ya = aval_of(x), aval_of(y)
-    n_x_free = xa.ndim - len(lc) - len(lb)
+    xs, ys = aval_of(x).shape, aval_of(y).shape
+    # the operands' shapes as the dimension numbers see them
     if xd is not None:
-        if not lb:
-            return False
-        batched, unbatched = xa, ya
+        xs = xs[:xd] + xs[xd + 1:]
     else:
-        if not lb and not n_x_free:
-            return False
-        batched, unbatched = ya, xa
+        ys = ys[:yd] + ys[yd + 1:]
+    n_x_free = len(xs) - len(lc) - len(lb)
+    if xd is not None and not lb or xd is None and not lb and not n_x_free:
+        return False  # the batch axis leads the result already
     out_size = size
-    for i in lb:
-        out_size *= xa.shape[i]
-    for i in range(xa.ndim):
-        if i not in lc and i not in lb:
-            out_size *= xa.shape[i]
-    for i in range(ya.ndim):
+    for i in range(len(xs)):
+        if i not in lc:
+            out_size *= xs[i]
+    for i in range(len(ys)):
         if i not in rc and i not in rb:
-            out_size *= ya.shape[i]
-    return size * unbatched.size <= batched.size + out_size
+            out_size *= ys[i]
+    unbatched, batched = (np.prod(ys), np.prod(xs)) if xd is not None else (np.prod(xs), np.prod(ys))
+    return size * unbatched <= size * batched + out_size
 
 
 batch_rules[dot_general_p] = _dot_batch
