@@ -62,3 +62,15 @@ def test_nested_transforms_and_jax_jit_around_cached_steps_equal_jax():
             rtol=1e-6)
     np.testing.assert_allclose(np.asarray(jax.jit(fx.grad(lambda x: fnp.sum(fnp.cos(x))))(X)),
                                -np.sin(np.asarray(X)), rtol=1e-6)
+
+
+def test_fused_steps_do_not_copy_inputs_into_residuals():
+    # the residual of `w @ x` for x is w itself: it must be passed on, not
+    # returned (copied) by the compiled primal step
+    w = jnp.ones((256, 1024))
+    x = jnp.ones(1024)
+    kept = []
+    for _ in range(3):
+        before = sum(a.nbytes for a in jax.live_arrays())
+        kept.append(fx.vjp(lambda x: w @ x, x))
+        assert sum(a.nbytes for a in jax.live_arrays()) - before < w.nbytes // 4

@@ -74,17 +74,29 @@ class JVPInterpreter(Interpreter):
         return tracer.primal
 
 
-def jvp_graph(graph, nonzero):
-    """The jvp of a staged graph, split into its primal and tangent parts.
+class SplitJVP:
+    """The jvp of a graph split in two (`jvp_graph`): `primal` maps the
+    inputs to the outputs followed by the residuals it computes; `tangent`
+    maps all residuals followed by the nonzero input tangents to the nonzero
+    output tangents (`out_nonzero` marks which); `res_src` says, per
+    residual, which input it is (>= 0) or that it is the next extra output
+    of `primal` (-1)."""
 
-    `nonzero[i]` says whether input i has a (non-Zero) tangent. Returns
-    `(primal, tangent, out_nonzero)`: `primal` maps the inputs to the outputs
-    followed by residuals; `tangent` maps the residuals followed by the
-    nonzero input tangents to the nonzero output tangents (`out_nonzero`
-    marks which). The tangent graph is linear in the tangents, so reverse
-    mode can stage it on its tape and transpose it. Cached on `graph`."""
+    __slots__ = ("primal", "tangent", "out_nonzero", "res_src", "n_out")
+
+    def residuals(self, primals, primal_outs):
+        """All residuals, from the inputs and the outputs of `primal`."""
+        extra = iter(primal_outs[self.n_out:])
+        return [primals[i] if i >= 0 else next(extra) for i in self.res_src]
+
+
+def jvp_graph(graph, nonzero):
+    """The jvp of a staged graph as a `SplitJVP`: a primal part and a tangent
+    part linear in the tangents, so reverse mode can stage the tangent part
+    on its tape and transpose it. `nonzero[i]` says whether input i has a
+    (non-Zero) tangent. Cached on `graph`."""
     from ..core import new_interpreter
-    from .staging import split_known, stage
+    from .staging import eval_graph, split_known, stage
 
     key = ("jvp", nonzero)
     cached = graph.cache.get(key)
@@ -94,8 +106,6 @@ def jvp_graph(graph, nonzero):
     out_nonzero = []
 
     def fn(*args):
-        from .staging import eval_graph
-
         tangents = iter(args[n:])
         with new_interpreter(JVPInterpreter()) as jv:
             boxed = [jv.box(p, next(tangents)) if nz else p
@@ -107,6 +117,9 @@ def jvp_graph(graph, nonzero):
     avals = graph.in_avals
     full, captured = stage(fn, avals + [a for a, nz in zip(avals, nonzero) if nz], "jvp")
     assert not captured
-    primal, tangent, _ = split_known(full, n, len(graph.outputs))
-    cached = graph.cache[key] = (primal, tangent, tuple(out_nonzero))
-    return cached
+    split = SplitJVP()
+    split.primal, split.tangent, split.res_src = split_known(full, n, len(graph.outputs))
+    split.out_nonzero = tuple(out_nonzero)
+    split.n_out = len(graph.outputs)
+    graph.cache[key] = split
+    return split

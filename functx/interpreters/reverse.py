@@ -149,12 +149,13 @@ class ReverseInterpreter(JVPInterpreter):
         if concrete:
             step = fused_step(prim, params, primals, tuple(t is not None for t in tangents))
             if step is not None:
+                split = step.split
                 outs = step.primal(*primals)
-                n = step.n_out
                 live = [t for t in tangents if t is not None]
-                out_tangents = iter(self.tape.inline(step.tangent, outs[n:] + live))
+                out_tangents = iter(self.tape.inline(
+                    split.tangent, split.residuals(primals, outs) + live))
                 boxed = [self.box(o, next(out_tangents)) if nz else o
-                         for o, nz in zip(outs[:n], step.out_nonzero)]
+                         for o, nz in zip(outs[:split.n_out], split.out_nonzero)]
                 return boxed if prim.multiple_results else boxed[0]
         return super().process(prim, args, params)
 
@@ -181,7 +182,7 @@ class ReverseInterpreter(JVPInterpreter):
 
 
 class FusedStep:
-    __slots__ = ("n_out", "out_nonzero", "primal", "tangent")
+    __slots__ = ("primal", "split")
 
 
 _fused = {}  # (prim, params, avals, differentiated) -> times seen | FusedStep | None
@@ -212,14 +213,12 @@ def _build_fused(prim, params, primals, differentiated):
     outs = [Var(a) for a in (out_avals if prim.multiple_results else [out_avals])]
     graph = Graph(ins, [Eqn(prim, ins, outs, params)], outs)
     try:
-        primal, tangent, out_nonzero = jvp_graph(graph, differentiated)
+        split = jvp_graph(graph, differentiated)
     except FunctxError:  # a rule that needs concrete values: stay unfused
         return None
     step = FusedStep()
-    step.primal = compiled(primal)
-    step.tangent = tangent
-    step.n_out = len(outs)
-    step.out_nonzero = out_nonzero
+    step.primal = compiled(split.primal)
+    step.split = split
     return step
 
 

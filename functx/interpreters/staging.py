@@ -158,11 +158,14 @@ def split_known(graph, n_known_in, n_known_out):
     """Partial evaluation: split `graph` into the part computable from its
     first `n_known_in` inputs and the rest.
 
-    Returns `(known, unknown, n_res)`. `known` maps the known inputs to the
-    first `n_known_out` outputs (which must be known) followed by `n_res`
-    residuals; `unknown` maps the residuals followed by the other inputs to
-    the remaining outputs. Used to split a jvp graph into its primal part and
-    its (linear) tangent part."""
+    Returns `(known, unknown, res_src)`. `unknown` maps residuals followed
+    by the other inputs to the remaining outputs; `known` maps the known
+    inputs to the first `n_known_out` outputs (which must be known) followed
+    by the residuals that are not known inputs. `res_src[k]` says where
+    residual k comes from: `i >= 0` is known input i (passed on as is, never
+    copied through a compiled program's outputs), -1 the next extra output of
+    `known`. Used to split a jvp graph into its primal part and its (linear)
+    tangent part."""
     known = set(graph.inputs[:n_known_in])
     known_eqns, unknown_eqns = [], []
     for eqn in graph.eqns:
@@ -182,10 +185,13 @@ def split_known(graph, n_known_in, n_known_out):
     residuals = list(residuals)
     known_outs = graph.outputs[:n_known_out]
     assert all(type(x) is not Var or x in known for x in known_outs)
-    known_graph = dce(Graph(graph.inputs[:n_known_in], known_eqns, known_outs + residuals))
+    position = {v: i for i, v in enumerate(graph.inputs[:n_known_in])}
+    res_src = tuple(position.get(v, -1) for v in residuals)
+    computed = [v for v, i in zip(residuals, res_src) if i < 0]
+    known_graph = dce(Graph(graph.inputs[:n_known_in], known_eqns, known_outs + computed))
     unknown_graph = dce(Graph(residuals + graph.inputs[n_known_in:], unknown_eqns,
                               graph.outputs[n_known_out:]))
-    return known_graph, unknown_graph, len(residuals)
+    return known_graph, unknown_graph, res_src
 
 
 def _fmt_param(v):

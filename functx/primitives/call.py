@@ -39,16 +39,16 @@ def _jvp(primals, tangents, *, graph, name):
     if not any(nonzero):
         outs = bind(jit_call, *primals, graph=graph, name=name)
         return outs, [Zero.of(o) for o in outs]
-    primal_graph, tangent_graph, out_nonzero = jvp_graph(graph, nonzero)
-    n_out = len(graph.outputs)
-    outs = bind(jit_call, *primals, graph=primal_graph, name=name)
-    outs, residuals = outs[:n_out], outs[n_out:]
+    split = jvp_graph(graph, nonzero)
+    results = bind(jit_call, *primals, graph=split.primal, name=name)
+    outs = results[:split.n_out]
     out_tangents = iter(())
-    if any(out_nonzero):
+    if any(split.out_nonzero):
         live = [t for t in tangents if type(t) is not Zero]
-        out_tangents = iter(bind(jit_call, *residuals, *live, graph=tangent_graph,
-                                 name=f"jvp({name})"))
-    return outs, [next(out_tangents) if nz else Zero.of(o) for o, nz in zip(outs, out_nonzero)]
+        out_tangents = iter(bind(jit_call, *split.residuals(primals, results), *live,
+                                 graph=split.tangent, name=f"jvp({name})"))
+    return outs, [next(out_tangents) if nz else Zero.of(o)
+                  for o, nz in zip(outs, split.out_nonzero)]
 
 
 def _transpose(cts, *args, graph, name):
