@@ -26,7 +26,8 @@ import jax
 from jax import tree_util
 
 from .. import random as _random
-from ..core import aval_of, bind, interpreter_stack
+from ..core import _state as _thread
+from ..core import aval_of, bind
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.staging import stage
 from ..primitives.call import jit_call
@@ -120,11 +121,15 @@ class Jitted:
         return self._stateful
 
     def __call__(self, *args, **kwargs):
-        if interpreter_stack():
+        # the common case first, with as little Python as possible: a cached
+        # call costs what a jax.jit call costs
+        if _thread.stack:
             return self._call_staged(args, kwargs)
         if self._stateful is None:
             try:
-                return self._pure(*args, **kwargs)
+                if kwargs:
+                    return self._pure(*args, **kwargs)
+                return self._pure(*args)
             except _random.UsesGeneratorState:
                 if _random.in_pure_trace():
                     raise  # an enclosing jit must thread the state first
