@@ -283,12 +283,19 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
             return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size,
                                    out_dims, call)
+        eager = not interpreter_stack() and all(
+            not isinstance(x, (Tracer, jax.core.Tracer)) for x in leaves)
         chunks = []
         for start in range(0, size, chunk_size):
             stop = min(start + chunk_size, size)
             part = [x if d is None else _slice_along(x, d, start, stop) for x, d in zip(leaves, dims)]
             chunks.append(_vmap_once(func, part, dims, in_tree, kwargs, stop - start,
                                      randomness, out_dims, call))
+            if eager:
+                # JAX dispatches asynchronously (on GPU the Python loop runs
+                # ahead of the device) and frees a chunk's temporaries only
+                # once its kernels finish: wait, so chunks do not overlap
+                jax.block_until_ready(chunks[-1][0])
         out_tree, flat_out_dims = chunks[0][1], chunks[0][2]
         outs = []
         for k, od in enumerate(flat_out_dims):
