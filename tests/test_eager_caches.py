@@ -74,3 +74,20 @@ def test_fused_steps_do_not_copy_inputs_into_residuals():
         before = sum(a.nbytes for a in jax.live_arrays())
         kept.append(fx.vjp(lambda x: w @ x, x))
         assert sum(a.nbytes for a in jax.live_arrays()) - before < w.nbytes // 4
+
+
+def test_repeated_vmaps_equal_jax_before_and_after_batched_steps_engage():
+    from functx.interpreters import batching
+
+    def f(np_):
+        def g(w, x):  # batched and unbatched operands, a moved batch axis
+            return np_.sum(np_.tanh(w @ x) * np_.cos(x[:4]) + x[1:5] ** 2)
+        return g
+
+    xs = jnp.asarray(rng.uniform(-1, 1, (3, 5)))
+    want = jax.vmap(f(jnp), in_axes=(None, 1))(W, xs.T)
+    for _ in range(3):
+        got = fx.vmap(f(fnp), in_dims=(None, 1))(W, xs.T)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    built = [k[0].name for k, v in batching._steps.items() if isinstance(v, batching.BatchedStep)]
+    assert {"dot_general", "tanh", "cos"} <= set(built)

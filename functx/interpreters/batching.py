@@ -6,6 +6,13 @@ batched" everywhere. Each primitive's batching rule (the table
 `batch_rules`, filled in next to each primitive) maps batched operands to a
 batched result.
 
+Eagerly (on concrete arrays) a batching rule may cost several JAX
+dispatches (moving axes, then the operation). As in reverse mode (NOTE
+[eager reverse mode in few dispatches]), the second time a primitive is met
+with the same parameters, avals and batch axes, its batched version is
+staged once (`batch_graph` of a one-equation graph) and runs as one
+compiled call (`batched_step`).
+
 Rule convention: `rule(axis_size, vals, dims, **params) -> (out, out_dim)`
 where `dims[i]` is the batch axis of `vals[i]` or None; for primitives with
 multiple results `out` and `out_dim` are lists. `move_bdim` and
@@ -13,24 +20,29 @@ multiple results `out` and `out_dim` are lists. `move_bdim` and
 """
 
 from ..core import Interpreter, Tracer, aval_of, missing_rule
-from ..errors import ConcretizationError, describe_user_line
+from ..core import _ArrayImpl as ArrayImpl
+from ..errors import ConcretizationError, FunctxError, describe_user_line
 
 batch_rules = {}  # Primitive -> rule
 
 
 class BatchTracer(Tracer):
-    __slots__ = ("val", "bdim")
+    __slots__ = ("val", "bdim", "_aval")
 
     def __init__(self, interp, val, bdim):
         self._interp = interp
         self.val = val
         self.bdim = bdim
+        self._aval = None
 
     @property
     def aval(self):
-        a = aval_of(self.val)
-        b = self.bdim
-        return a.update(shape=a.shape[:b] + a.shape[b + 1:])
+        a = self._aval
+        if a is None:
+            a = aval_of(self.val)
+            b = self.bdim
+            a = self._aval = a.update(shape=a.shape[:b] + a.shape[b + 1:])
+        return a
 
 
 class BatchInterpreter(Interpreter):
@@ -55,13 +67,23 @@ class BatchInterpreter(Interpreter):
     def process(self, prim, args, params):
         vals = []
         dims = []
+        concrete = True
         for a in args:
             if type(a) is BatchTracer and a._interp is self:
-                vals.append(a.val)
+                v = a.val
                 dims.append(a.bdim)
             else:
-                vals.append(a)
+                v = a
                 dims.append(None)
+            vals.append(v)
+            if type(v) is not ArrayImpl:
+                concrete = False
+        if concrete:
+            step = batched_step(prim, params, vals, tuple(dims), self.axis_size)
+            if step is not None:
+                outs = step.fn(*vals)
+                boxed = [self.box(o, d) for o, d in zip(outs, step.out_dims)]
+                return boxed if prim.multiple_results else boxed[0]
         rule = batch_rules.get(prim)
         if rule is None:
             raise missing_rule(prim, "vmap")
@@ -107,3 +129,50 @@ def batch_graph(graph, axis_size, dims):
     assert not captured
     cached = graph.cache[key] = (batched, tuple(out_dims))
     return cached
+
+
+class BatchedStep:
+    __slots__ = ("fn", "out_dims")
+
+
+_steps = {}  # (prim, params, avals, dims, size) -> times seen | BatchedStep | None
+
+
+def batched_step(prim, params, vals, dims, axis_size):
+    """The compiled batched application of `prim`, or None (first sighting,
+    unhashable parameters, or a rule that cannot be staged)."""
+    try:
+        key = (prim, tuple(params.items()), tuple(v.aval for v in vals), dims, axis_size)
+        entry = _steps.get(key, 0)
+    except TypeError:
+        return None
+    if type(entry) is not int:
+        return entry
+    if entry == 0:
+        if len(_steps) < 20000:
+            _steps[key] = 1
+        return None
+    _steps[key] = entry = _build_step(prim, params, vals, dims, axis_size)
+    return entry
+
+
+def _build_step(prim, params, vals, dims, axis_size):
+    from .eval import compiled
+    from .staging import Eqn, Graph, Var, output_avals
+
+    in_avals = []
+    for v, d in zip(vals, dims):
+        a = aval_of(v)
+        in_avals.append(a if d is None else a.update(shape=a.shape[:d] + a.shape[d + 1:]))
+    ins = [Var(a) for a in in_avals]
+    try:
+        out_avals = output_avals(prim, in_avals, params)
+        outs = [Var(a) for a in (out_avals if prim.multiple_results else [out_avals])]
+        graph = Graph(ins, [Eqn(prim, ins, outs, params)], outs)
+        batched, out_dims = batch_graph(graph, axis_size, dims)
+    except FunctxError:  # no rule, or a rule that needs concrete values
+        return None
+    step = BatchedStep()
+    step.fn = compiled(batched)
+    step.out_dims = out_dims
+    return step
