@@ -33,9 +33,9 @@ def test_repeated_grads_equal_jax_before_and_after_the_caches_engage():
         got = g(W, X)
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-12)
-    fused = [k[0].name for k, v in reverse._fused.items() if isinstance(v, reverse.FusedStep)]
+    fused = [k[0].name for k, v in reverse._fused.entries.items() if isinstance(v, reverse.FusedStep)]
     assert {"tanh", "dot_general", "exp"} <= set(fused)
-    assert any(not isinstance(v, int) for v in reverse._backward.values())
+    assert any(not isinstance(v, int) for v in reverse._backward.entries.values())
 
 
 def test_cached_backward_with_new_values_and_vjp_cotangents():
@@ -89,5 +89,5 @@ def test_repeated_vmaps_equal_jax_before_and_after_batched_steps_engage():
     for _ in range(3):
         got = fx.vmap(f(fnp), in_dims=(None, 1))(W, xs.T)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
-    built = [k[0].name for k, v in batching._steps.items() if isinstance(v, batching.BatchedStep)]
+    built = [k[0].name for k, v in batching._steps.entries.items() if isinstance(v, batching.BatchedStep)]
     assert {"dot_general", "tanh", "cos"} <= set(built)

@@ -22,6 +22,7 @@ multiple results `out` and `out_dim` are lists. `move_bdim` and
 from ..core import Interpreter, Tracer, aval_of, missing_rule
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
+from .eval import RepeatCache, compiled
 
 batch_rules = {}  # Primitive -> rule
 
@@ -135,7 +136,7 @@ class BatchedStep:
     __slots__ = ("fn", "out_dims")
 
 
-_steps = {}  # (prim, params, avals, dims, size) -> times seen | BatchedStep | None
+_steps = RepeatCache(after=1, limit=20000)  # (prim, params, avals, dims, size) -> BatchedStep
 
 
 def batched_step(prim, params, vals, dims, axis_size):
@@ -143,21 +144,12 @@ def batched_step(prim, params, vals, dims, axis_size):
     unhashable parameters, or a rule that cannot be staged)."""
     try:
         key = (prim, tuple(params.items()), tuple(v.aval for v in vals), dims, axis_size)
-        entry = _steps.get(key, 0)
-    except TypeError:
+        return _steps.get(key, lambda: _build_step(prim, params, vals, dims, axis_size))
+    except TypeError:  # unhashable parameters
         return None
-    if type(entry) is not int:
-        return entry
-    if entry == 0:
-        if len(_steps) < 20000:
-            _steps[key] = 1
-        return None
-    _steps[key] = entry = _build_step(prim, params, vals, dims, axis_size)
-    return entry
 
 
 def _build_step(prim, params, vals, dims, axis_size):
-    from .eval import compiled
     from .staging import Eqn, Graph, Var, output_avals
 
     in_avals = []

@@ -58,3 +58,29 @@ def compiled(graph):
 
         fn = graph.cache["compiled"] = jax.jit(lambda *args: eval_graph(graph, args))
     return fn
+
+
+class RepeatCache:
+    """What eager transforms compile for work that repeats: a key is
+    counted until it has been seen `after` times, then `build()` is made
+    once and returned from then on (None until then, and when `build`
+    declines). Work seen fewer times never pays for a compilation."""
+
+    def __init__(self, after, limit):
+        self.after = after
+        self.limit = limit
+        self.entries = {}  # key -> times seen | built value
+
+    def get(self, key, build):
+        """The built value for `key`, or None; raises TypeError when the
+        key is not hashable."""
+        entries = self.entries
+        entry = entries.get(key, 0)
+        if type(entry) is not int:
+            return entry
+        if entry < self.after:
+            if len(entries) < self.limit:
+                entries[key] = entry + 1
+            return None
+        entries[key] = entry = build()
+        return entry

@@ -46,7 +46,7 @@ multiple results (with `Zero` where an output got no cotangent).
 from ..core import Aval, Zero, aval_of, bind, missing_rule
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import FunctxError
-from .eval import compiled
+from .eval import RepeatCache, compiled
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
     Const,
@@ -185,7 +185,7 @@ class FusedStep:
     __slots__ = ("primal", "split")
 
 
-_fused = {}  # (prim, params, avals, differentiated) -> times seen | FusedStep | None
+_fused = RepeatCache(after=1, limit=20000)  # (prim, params, avals, differentiated)
 
 
 def fused_step(prim, params, primals, differentiated):
@@ -193,17 +193,9 @@ def fused_step(prim, params, primals, differentiated):
     sighting, unhashable parameters, or a rule that cannot be staged)."""
     try:
         key = (prim, tuple(params.items()), tuple(p.aval for p in primals), differentiated)
-        entry = _fused.get(key, 0)
-    except TypeError:
+        return _fused.get(key, lambda: _build_fused(prim, params, primals, differentiated))
+    except TypeError:  # unhashable parameters
         return None
-    if type(entry) is not int:
-        return entry
-    if entry == 0:
-        if len(_fused) < 20000:
-            _fused[key] = 1
-        return None
-    _fused[key] = entry = _build_fused(prim, params, primals, differentiated)
-    return entry
 
 
 def _build_fused(prim, params, primals, differentiated):
@@ -222,7 +214,7 @@ def _build_fused(prim, params, primals, differentiated):
     return step
 
 
-_backward = {}  # tape structure -> times seen | compiled transpose
+_backward = RepeatCache(after=2, limit=2000)  # tape structure -> compiled transpose
 
 
 def compiled_backward(graph, cts):
@@ -255,16 +247,12 @@ def compiled_backward(graph, cts):
         outs = tuple(index[x] for x in graph.outputs)
         key = (tuple(sig), outs, tuple(v.aval for v in graph.inputs),
                tuple(c.aval for c in consts), tuple(c.aval for c in cts))
-        entry = _backward.get(key, 0)
+        transpose = _backward.get(key, lambda: _compile_backward(graph, consts))
     except (KeyError, TypeError):  # a constant output, unhashable parameters
         return None
-    if type(entry) is int:
-        if entry < 2:
-            if len(_backward) < 2000:
-                _backward[key] = entry + 1
-            return None
-        entry = _backward[key] = _compile_backward(graph, consts)
-    out = entry(consts, list(cts))
+    if transpose is None:
+        return None
+    out = transpose(consts, list(cts))
     return [Zero(v.aval) if c is None else c for v, c in zip(graph.inputs, out)]
 
 
