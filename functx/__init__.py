@@ -18,6 +18,7 @@ from .errors import (
 )
 from .lifting import lift
 from .transforms import (
+    functional_call,
     grad,
     grad_and_value,
     hessian,
@@ -28,6 +29,9 @@ from .transforms import (
     jvp,
     linearize,
     make_graph,
+    named_buffers,
+    named_parameters,
+    stack_module_state,
     vhp,
     vjp,
     vmap,
@@ -37,7 +41,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "grad", "grad_and_value", "vjp", "jvp", "linearize", "vmap", "jacrev", "jacfwd",
-    "hessian", "hvp", "vhp", "jit", "make_graph", "lift", "numpy", "lax", "nn", "random", "test_util",
+    "hessian", "hvp", "vhp", "jit", "make_graph", "functional_call", "stack_module_state",
+    "named_parameters", "named_buffers", "lift", "numpy", "lax", "nn", "random", "test_util",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
     "JaxOnFunctxValueError",

@@ -5,3 +5,4 @@ from .jacobians import hessian, hvp, jacfwd, jacrev, vhp  # noqa: F401
 from .jvp import jvp, linearize  # noqa: F401
 from .vmap import vmap  # noqa: F401
 from .jit import jit, make_graph  # noqa: F401
+from .module import functional_call, named_buffers, named_parameters, stack_module_state  # noqa: F401
