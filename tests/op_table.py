@@ -229,6 +229,21 @@ op("einsum_batch_contract", lambda x, y: jnp.einsum("bij,jbk->bki", x, y), [U((2
 op("dot_general_f32", jnp.matmul, [U((2, 3), dtype=np.float32), U((3, 2), dtype=np.float32)], tol=1e-5)
 
 # --------------------------------------------------------------------------
+# conv_general_dilated
+
+op("conv2d_same", lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME"),
+   [U((1, 2, 4, 4)), U((3, 2, 3, 3))])
+op("conv2d_strided_dilated", lambda x, w: lax.conv_general_dilated(
+    x, w, (2, 1), ((1, 0), (0, 1)), lhs_dilation=(1, 2), rhs_dilation=(2, 1)),
+   [U((2, 2, 5, 4)), U((2, 2, 2, 2))])
+# Grouped convolutions: first order only. vjp(vjp) disagrees with JAX's
+# (the feature groups come out permuted) -- an open bug in transposing the
+# batch_group_count convolution that the first transpose produces.
+op("conv1d_grouped_nwc", lambda x, w: lax.conv_general_dilated(
+    x, w, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=2),
+   [U((2, 5, 4)), U((3, 2, 4))], order=1)
+
+# --------------------------------------------------------------------------
 # Reductions and scans
 
 op("reduce_sum", lambda x: lax.reduce_sum(x, (1,)), [U((2, 3, 2))])

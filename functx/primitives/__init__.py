@@ -9,3 +9,4 @@ from . import dot  # noqa: F401
 from . import indexing  # noqa: F401
 from . import sort  # noqa: F401
 from . import call  # noqa: F401
+from . import conv  # noqa: F401
