@@ -143,3 +143,44 @@ def test_batchnorm_state_under_vmap_and_grad():
 
     got = fx.vmap(fx.grad(fx_loss), in_dims=(None, 0, None))(fx.named_parameters(model), XS, state)
     close(got, per_example_grads(model, XS, jax_loss))
+
+
+def _layer_cases():
+    k = jax.random.split(jax.random.PRNGKey(9), 6)
+    dropout = eqx.nn.Dropout(0.5)
+    return [
+        ("linear", eqx.nn.Linear(4, 3, key=k[0]), lambda m, x: m(x), XS),
+        ("layernorm", eqx.nn.LayerNorm(4), lambda m, x: m(x), XS),
+        ("embedding", eqx.nn.Embedding(7, 3, key=k[1]), lambda m, i: m(i), jnp.arange(5) % 7),
+        ("attention", eqx.nn.MultiheadAttention(2, 4, key=k[2]),
+         lambda m, x: m(x.reshape(2, 2).repeat(2, 1), x.reshape(2, 2).repeat(2, 1),
+                        x.reshape(2, 2).repeat(2, 1)), XS),
+        ("conv1d", eqx.nn.Conv1d(1, 2, 3, key=k[3]), lambda m, x: m(x[None]), XS),
+        ("dropout_with_key", eqx.nn.Sequential([eqx.nn.Linear(4, 4, key=k[4]), dropout]),
+         lambda m, x: m(x, key=k[5]), XS),
+    ]
+
+
+@pytest.mark.parametrize("name, layer, apply, xs", _layer_cases(), ids=[c[0] for c in _layer_cases()])
+def test_equinox_layers_under_vmap_grad_and_jvp(name, layer, apply, xs):
+    params = fx.named_parameters(layer)
+
+    def fx_loss(p, x):
+        out = apply(lambda *a, **kw: fx.functional_call(layer, p, a, kw), x)
+        return (out ** 2).sum()
+
+    got = fx.vmap(fx.grad(fx_loss), in_dims=(None, 0))(params, xs)
+    close(got, per_example_grads(layer, xs, lambda m, x: (apply(m, x) ** 2).sum()))
+    tangent = {k: jnp.ones_like(v) for k, v in params.items()}
+    _, t = fx.jvp(lambda p: fx_loss(p, xs[0]), (params,), (tangent,))
+    _, want = jax.jvp(
+        lambda ws: (apply(eqx.tree_at(lambda m: [getattr_path(m, n) for n in params], layer, list(ws)),
+                          xs[0]) ** 2).sum(),
+        (list(params.values()),), (list(tangent.values()),))
+    close(t, want)
+
+
+def getattr_path(obj, dotted):
+    for part in dotted.split("."):
+        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+    return obj
