@@ -398,7 +398,9 @@ def jax_misuse_error(value=None):
         f"A functx value{what} was passed to a JAX or NumPy function at "
         f"{where}. JAX functions cannot see through functx transforms. Use "
         "functx.numpy / functx.nn / functx.lax instead of jax.numpy / "
-        "jax.nn / jax.lax, or wrap the JAX function with functx.lift(fn)."
+        "jax.nn / jax.lax, or wrap the JAX function with functx.lift(fn); call an "
+        "Equinox model as functx.functional_call(model, params, args) or "
+        "functx.lift(model)(...)."
     )
 
 

@@ -76,6 +76,8 @@ def test_vmap_in_dims_wrong_structure():
 def test_vmap_no_batched_inputs():
     with raises(ValueError, r"vmap\(", "no input is batched", "in_dims=0"):
         fx.vmap(fnp.sin, in_dims=None)(XS)
+    with raises(ValueError, r"vmap\(", "no input is batched", "hold no arrays"):
+        fx.vmap(lambda b, x: x, in_dims=(0, None))({}, XS)
 
 
 def test_vmap_batched_non_array_argument():

@@ -113,8 +113,10 @@ def _check_batched(leaves, dims, args, call):
             size = n
     if size is None:
         raise FunctxValueError(
-            f"{call}: no input is batched: in_dims is None for every argument. Give "
-            "at least one argument a batch dimension (e.g. in_dims=0)."
+            f"{call}: no input is batched: no array has a batch dimension (in_dims is "
+            "None for every argument, or the arguments it maps hold no arrays, e.g. an "
+            "empty dict). Give at least one array argument a batch dimension (e.g. "
+            "in_dims=0)."
         )
     if any(n != size for _, _, n in sizes):
         detail = ", ".join(f"{name} (in_dims={d}) has size {n}" for name, d, n in sizes)
