@@ -236,12 +236,12 @@ op("conv2d_same", lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME"),
 op("conv2d_strided_dilated", lambda x, w: lax.conv_general_dilated(
     x, w, (2, 1), ((1, 0), (0, 1)), lhs_dilation=(1, 2), rhs_dilation=(2, 1)),
    [U((2, 2, 5, 4)), U((2, 2, 2, 2))])
-# Grouped convolutions: first order only. vjp(vjp) disagrees with JAX's
-# (the feature groups come out permuted) -- an open bug in transposing the
-# batch_group_count convolution that the first transpose produces.
 op("conv1d_grouped_nwc", lambda x, w: lax.conv_general_dilated(
     x, w, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=2),
-   [U((2, 5, 4)), U((3, 2, 4))], order=1)
+   [U((2, 5, 4)), U((3, 2, 4))])
+# reshape with `dimensions` (a transpose first) comes from lifted JAX code,
+# e.g. JAX's own batching and transposition of grouped convolutions
+op("reshape_dimensions", lambda x: lax.reshape(x, (6, 2), dimensions=(2, 0, 1)), [U((2, 3, 2))])
 
 # --------------------------------------------------------------------------
 # Reductions and scans

@@ -135,12 +135,25 @@ shape_rules[reshape_p] = lambda x, *dyn, new_sizes, dimensions, sharding: Aval(
     tuple(new_sizes), x.dtype, x.weak_type
 )
 _linear_jvp(reshape_p)
-transpose_rules[reshape_p] = lambda ct, x, *dyn, **p: [reshape(ct, x.aval.shape)] + [None] * len(dyn)
+# `dimensions` (from lifted JAX code, e.g. JAX's batching of convolutions)
+# permutes the operand before reshaping: reshape(transpose(x, dimensions)).
+
+
+def _reshape_transpose(ct, x, *dyn, new_sizes, dimensions, sharding):
+    shape = x.aval.shape
+    if dimensions is None:
+        return [reshape(ct, shape)] + [None] * len(dyn)
+    permuted = reshape(ct, tuple(shape[d] for d in dimensions))
+    return [transpose(permuted, tuple(np.argsort(dimensions)))] + [None] * len(dyn)
+
+
+transpose_rules[reshape_p] = _reshape_transpose
 
 
 def _reshape_batch(size, vals, dims, *, new_sizes, dimensions, sharding):
-    assert dimensions is None, "reshape with `dimensions` is not produced by functx"
     x = moveaxis(vals[0], dims[0], 0)
+    if dimensions is not None:
+        x = transpose(x, (0,) + tuple(d + 1 for d in dimensions))
     return reshape(x, (size,) + tuple(new_sizes)), 0
 
 
