@@ -19,10 +19,11 @@ multiple results `out` and `out_dim` are lists. `move_bdim` and
 `bdim_to_front` are the helpers for moving batch axes.
 """
 
-from ..core import Interpreter, Tracer, aval_of, missing_rule
+from ..core import Interpreter, Tracer, aval_of, missing_rule, new_interpreter
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
 from .eval import RepeatCache, compiled
+from .staging import eval_graph, one_equation_graph, stage
 
 batch_rules = {}  # Primitive -> rule
 
@@ -107,9 +108,6 @@ class BatchInterpreter(Interpreter):
 def batch_graph(graph, axis_size, dims):
     """The graph of `graph` vmapped over inputs batched at `dims` (None: not
     batched). Returns `(batched, out_dims)`. Cached on `graph`."""
-    from ..core import new_interpreter
-    from .staging import eval_graph, stage
-
     key = ("vmap", axis_size, dims)
     cached = graph.cache.get(key)
     if cached is not None:
@@ -150,17 +148,12 @@ def batched_step(prim, params, vals, dims, axis_size):
 
 
 def _build_step(prim, params, vals, dims, axis_size):
-    from .staging import Eqn, Graph, Var, output_avals
-
     in_avals = []
     for v, d in zip(vals, dims):
         a = aval_of(v)
         in_avals.append(a if d is None else a.update(shape=a.shape[:d] + a.shape[d + 1:]))
-    ins = [Var(a) for a in in_avals]
     try:
-        out_avals = output_avals(prim, in_avals, params)
-        outs = [Var(a) for a in (out_avals if prim.multiple_results else [out_avals])]
-        graph = Graph(ins, [Eqn(prim, ins, outs, params)], outs)
+        graph = one_equation_graph(prim, params, in_avals)
         batched, out_dims = batch_graph(graph, axis_size, dims)
     except FunctxError:  # no rule, or a rule that needs concrete values
         return None

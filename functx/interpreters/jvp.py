@@ -10,7 +10,8 @@ results both outputs are lists. The same rules drive reverse mode
 (interpreters/reverse.py), where the tangents are staged linear values.
 """
 
-from ..core import Interpreter, Tracer, Zero, aval_of, missing_rule
+from ..core import Interpreter, Tracer, Zero, aval_of, missing_rule, new_interpreter
+from .staging import eval_graph, split_known, stage
 
 jvp_rules = {}  # Primitive -> rule
 
@@ -62,6 +63,9 @@ class JVPInterpreter(Interpreter):
             else:
                 primals.append(a)
                 tangents.append(Zero.of(a))
+        return self.apply_rule(prim, primals, tangents, params)
+
+    def apply_rule(self, prim, primals, tangents, params):
         rule = jvp_rules.get(prim)
         if rule is None:
             raise missing_rule(prim, self.transform)
@@ -95,9 +99,6 @@ def jvp_graph(graph, nonzero):
     part linear in the tangents, so reverse mode can stage the tangent part
     on its tape and transpose it. `nonzero[i]` says whether input i has a
     (non-Zero) tangent. Cached on `graph`."""
-    from ..core import new_interpreter
-    from .staging import eval_graph, split_known, stage
-
     key = ("jvp", nonzero)
     cached = graph.cache.get(key)
     if cached is not None:

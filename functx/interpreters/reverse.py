@@ -57,7 +57,7 @@ from .staging import (
     Var,
     dce,
     eval_graph,
-    output_avals,
+    one_equation_graph,
 )
 
 transpose_rules = {}  # Primitive -> rule
@@ -133,31 +133,32 @@ class ReverseInterpreter(JVPInterpreter):
         return primal
 
     def process(self, prim, args, params):
-        primals, tangents = [], []
+        primals, tangents, differentiated = [], [], []
         concrete = True
         for a in args:
             if type(a) is ReverseTracer and a._interp is self:
                 p = a.primal
-                primals.append(p)
                 tangents.append(a.tangent)
+                differentiated.append(True)
             else:
                 p = a
-                primals.append(a)
-                tangents.append(None)
+                tangents.append(Zero.of(a))
+                differentiated.append(False)
+            primals.append(p)
             if type(p) is not ArrayImpl:
                 concrete = False
         if concrete:
-            step = fused_step(prim, params, primals, tuple(t is not None for t in tangents))
+            step = fused_step(prim, params, primals, tuple(differentiated))
             if step is not None:
                 split = step.split
                 outs = step.primal(*primals)
-                live = [t for t in tangents if t is not None]
+                live = [t for t, d in zip(tangents, differentiated) if d]
                 out_tangents = iter(self.tape.inline(
                     split.tangent, split.residuals(primals, outs) + live))
                 boxed = [self.box(o, next(out_tangents)) if nz else o
                          for o, nz in zip(outs[:split.n_out], split.out_nonzero)]
                 return boxed if prim.multiple_results else boxed[0]
-        return super().process(prim, args, params)
+        return self.apply_rule(prim, primals, tangents, params)
 
     def release(self):
         # The tape and this interpreter refer to each other; dropping the
@@ -199,13 +200,9 @@ def fused_step(prim, params, primals, differentiated):
 
 
 def _build_fused(prim, params, primals, differentiated):
-    in_avals = [aval_of(p) for p in primals]
-    ins = [Var(a) for a in in_avals]
-    out_avals = output_avals(prim, in_avals, params)
-    outs = [Var(a) for a in (out_avals if prim.multiple_results else [out_avals])]
-    graph = Graph(ins, [Eqn(prim, ins, outs, params)], outs)
     try:
-        split = jvp_graph(graph, differentiated)
+        split = jvp_graph(one_equation_graph(prim, params, [aval_of(p) for p in primals]),
+                          differentiated)
     except FunctxError:  # a rule that needs concrete values: stay unfused
         return None
     step = FusedStep()

@@ -125,6 +125,16 @@ class Graph:
     __repr__ = __str__
 
 
+def one_equation_graph(prim, params, in_avals):
+    """The graph applying `prim` once to inputs of `in_avals` (what the
+    eager caches stage and transform, one primitive application at a
+    time)."""
+    ins = [Var(a) for a in in_avals]
+    out_avals = output_avals(prim, in_avals, params)
+    outs = [Var(a) for a in (out_avals if prim.multiple_results else [out_avals])]
+    return Graph(ins, [Eqn(prim, ins, outs, params)], outs)
+
+
 def eval_graph(graph, args):
     """Run `graph` on `args` by binding each equation (so it works at any
     level of the interpreter stack)."""

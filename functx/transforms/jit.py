@@ -26,7 +26,7 @@ import jax
 from jax import tree_util
 
 from .. import random as _random
-from ..core import _state as _thread
+from ..core import _state as _stack_state
 from ..core import aval_of, bind
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.staging import stage
@@ -123,7 +123,7 @@ class Jitted:
     def __call__(self, *args, **kwargs):
         # the common case first, with as little Python as possible: a cached
         # call costs what a jax.jit call costs
-        if _thread.stack:
+        if _stack_state.stack:
             return self._call_staged(args, kwargs)
         if self._stateful is None:
             try:
