@@ -10,11 +10,13 @@ sees through it. The staged program is cached per argument structure,
 shapes, dtypes and static (non-array) arguments, so a second call with the
 same kinds of arguments costs only the replay.
 
-Replaying inlines `jit` / `closed_call` / `checkpoint` (remat) equations and
-differentiates `custom_jvp_call` / `custom_vjp_call` equations through their
-bodies. An equation whose primitive functx does not know still runs when
-none of its inputs is a functx value; otherwise it raises an error naming
-the primitive.
+Replaying inlines `jit` / `closed_call` / `checkpoint` (remat) equations.
+Equations whose parameters hold sub-programs (control flow, custom
+derivative rules) are translated once, when the program is built, by the
+rule their primitive module registers in `LIFT_RULES`: it turns the JAX
+parameters (jaxprs) into a functx primitive and functx parameters (graphs).
+An equation whose primitive functx does not know still runs when none of its
+inputs is a functx value; otherwise it raises an error naming the primitive.
 """
 
 import jax
@@ -22,7 +24,7 @@ import numpy as np
 from jax import tree_util
 from jax._src import core as jcore
 
-from .core import FROM_JAX, Tracer, aval_of, bind
+from .core import FROM_JAX, Aval, Tracer, aval_of, bind
 from .errors import FunctxTypeError, MissingRuleError
 
 _INLINE_PARAM = {
@@ -37,6 +39,25 @@ _INLINE_PARAM = {
     "custom_vjp_call": "call_jaxpr",
     "custom_vjp_call_jaxpr": "fun_jaxpr",
 }
+
+
+# JAX primitive name -> translate(params) -> (functx primitive, functx params).
+# Consulted before inlining, so a module may take over e.g. custom_jvp_call.
+LIFT_RULES = {}
+
+
+def graph_of_jaxpr(closed_jaxpr):
+    """A functx Graph of a JAX ClosedJaxpr (its equations replayed as functx
+    primitives, sub-programs translated recursively). The graph has one
+    input per jaxpr input; the jaxpr's constants become graph constants."""
+    from .interpreters.staging import stage
+
+    program = Program(closed_jaxpr)
+    in_avals = [Aval(v.aval.shape, v.aval.dtype, v.aval.weak_type)
+                for v in closed_jaxpr.jaxpr.invars]
+    graph, captured = stage(lambda *xs: program(xs), in_avals, transform="lift")
+    assert not captured, "a jaxpr's constants are concrete"
+    return graph
 
 
 class Program:
@@ -68,6 +89,15 @@ class Program:
             for eqn in jaxpr.eqns:
                 ins = [slot_of(v, scope) for v in eqn.invars]
                 name = eqn.primitive.name
+                translate = LIFT_RULES.get(name)
+                if translate is not None:
+                    fx, params = translate(dict(eqn.params))
+                    outs = [new_slot() for _ in eqn.outvars]
+                    for v, s in zip(eqn.outvars, outs):
+                        if not isinstance(v, jcore.DropVar):
+                            scope[v] = s
+                    self.instrs.append((fx, eqn.primitive, ins, outs, params))
+                    continue
                 if name in _INLINE_PARAM:
                     sub = eqn.params[_INLINE_PARAM[name]]
                     if isinstance(sub, jcore.ClosedJaxpr):
