@@ -66,6 +66,33 @@ def test_second_call_with_same_signature_does_not_rerun_python():
     assert body.calls == 3
 
 
+def test_cached_calls_take_jaxs_cpp_path():
+    """NOTE [no Python in front of a cached call]: what jit returns is JAX's
+    C++ jitted-function type, so a cache hit runs no functx Python; the
+    functx handler only sees misses."""
+    jf = fx.jit(f_fx)
+    assert type(jf) is type(jax.jit(f_jax))
+    assert jf.__name__ == f_fx.__name__ and jf.__wrapped__ is f_fx
+    handler = jf.functx_jitted
+    misses = []
+    original = type(handler)._miss
+
+    def counting(self, jax_miss, args, kwargs):
+        misses.append(1)
+        return original(self, jax_miss, args, kwargs)
+
+    type(handler)._miss = counting
+    try:
+        jg = fx.jit(lambda x, y: f_fx(x, y))  # built while the counter is installed
+        for _ in range(3):
+            close(jg(X, Y), f_jax(X, Y))
+        # under a transform every call is a miss (functx values are not arrays)
+        close(fx.grad(lambda x: jg(x, Y).sum())(X), jax.grad(lambda x: f_jax(x, Y).sum())(X))
+    finally:
+        type(handler)._miss = original
+    assert len(misses) == 2
+
+
 def test_static_arguments_key_the_cache():
     def h(x, n, scale=1.0):
         for _ in range(n):

@@ -17,10 +17,25 @@ graph would be valid for one call only).
 
 The generator state of `functx.random` is threaded through compiled code
 (NOTE [generator state under jit] in random.py).
+
+NOTE [no Python in front of a cached call]
+What `functx.jit` returns is JAX's own C++ jitted-function object, built
+with a cache-miss handler of functx's (`_cpp_jit`). A call whose arguments
+hit its cache runs in C++ exactly as a `jax.jit` call does; anything else
+(a new signature, a functx transform active, the stateful generator) lands
+in `Jitted._miss`, which either lets JAX trace and cache the pure program or
+takes the staged / stateful path and tells JAX to cache nothing. A call
+under a transform can never hit the cache by mistake: functx values are not
+JAX arrays, so the C++ path always misses on them, and a function closing
+over a transform's values is a new object, whose cache is empty. The
+handler is installed through JAX internals (`jax._src.pjit`); if they are
+not as expected, `jit` returns a Python `Jitted` wrapper instead, which
+costs ~1.5 µs more per call.
 """
 
 import functools
 import inspect
+import threading
 
 import jax
 from jax import tree_util
@@ -70,20 +85,90 @@ def _resolve_static(fun, static_argnums, static_argnames):
     return tuple(sorted(nums)), tuple(sorted(names))
 
 
+_cpp_lock = threading.Lock()
+_fastpath_tail = []  # what a cache-miss handler returns after the outputs to cache nothing
+
+
+class _PjitModuleProxy:
+    """Stands in for `jax._src.pjit._jax` while one jitted function is
+    built, wrapping its cache-miss handler."""
+
+    def __init__(self, real, fun, miss):
+        self._real, self._fun, self._miss = real, fun, miss
+        self.used = False
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def pjit(self, name, fun, cache_miss, *rest):
+        if fun is not self._fun:  # another thread's jax.jit: leave it alone
+            return self._real.pjit(name, fun, cache_miss, *rest)
+        self.used = True
+        handler = self._miss
+
+        def miss(*args, **kwargs):
+            return handler(cache_miss, args, kwargs)
+
+        return self._real.pjit(name, fun, miss, *rest)
+
+
+def _cpp_jit(fun, miss, options):
+    """`jax.jit(fun, **options)` whose cache misses go to
+    `miss(jax_miss, args, kwargs)`; None where JAX's internals differ."""
+    try:
+        from jax._src import pjit as _pjit
+
+        real = _pjit._jax
+        if not callable(getattr(real, "pjit", None)):
+            return None
+    except Exception:  # noqa: BLE001 - any mismatch: use the Python wrapper
+        return None
+    with _cpp_lock:
+        proxy = _PjitModuleProxy(real, fun, miss)
+        _pjit._jax = proxy
+        try:
+            jitted = jax.jit(fun, **options)
+        finally:
+            _pjit._jax = real
+    return jitted if proxy.used else None
+
+
+def _learn_fastpath_arity(result):
+    if not _fastpath_tail and isinstance(result, tuple) and len(result) >= 2:
+        _fastpath_tail.append((None,) + (False,) * (len(result) - 2))
+
+
+def _no_fastpath():
+    """The tail of a cache-miss result that makes JAX cache nothing, learnt
+    from a JAX cache miss (one tiny compile if none has happened yet)."""
+    if not _fastpath_tail:
+        probe = _cpp_jit(lambda: 0, lambda jax_miss, a, k: _learn(jax_miss(*a, **k)), {})
+        probe()
+    return _fastpath_tail[0]
+
+
+def _learn(result):
+    _learn_fastpath_arity(result)
+    return result
+
+
 class _Inline:
     """Cache entry: this signature runs inline (see NOTE [two ways down to XLA])."""
 
 
 class Jitted:
-    """The compiled function `functx.jit(f)` returns. Call it like `f`;
-    `.lower(*args)` gives JAX's lowered program (for `.compile()`,
-    `.as_text()`, `.cost_analysis()`, ...)."""
+    """The state behind `functx.jit(f)`: its C++ jitted function (what
+    `jit` returns, NOTE [no Python in front of a cached call]), the cache
+    miss handler, the staged graphs and the stateful program. Where the C++
+    function cannot be built, the Jitted itself is returned and called.
+    Either way `.lower(*args)` gives JAX's lowered program (for
+    `.compile()`, `.as_text()`, `.cost_analysis()`, ...)."""
 
     # Internal state lives in slots, so that wrappers of a Jitted (which
     # copy its __dict__, as functools.wraps does) never copy it, and a
     # Jitted wrapping another wrapper never receives theirs.
     __slots__ = ("_fun", "_name", "_static_argnums", "_static_argnames", "_donate", "_pure",
-                 "_stateful", "_graphs", "__dict__", "__weakref__")
+                 "_stateful", "_graphs", "fast", "__dict__", "__weakref__")
 
     def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=()):
         check_callable(fun, "jit")
@@ -92,18 +177,27 @@ class Jitted:
         self._static_argnums, self._static_argnames = _resolve_static(
             fun, static_argnums, static_argnames)
         self._donate = tuple(_as_tuple(donate_argnums, "donate_argnums"))
-        self._pure = jax.jit(self._trace_pure, static_argnums=self._static_argnums,
-                             static_argnames=self._static_argnames,
-                             donate_argnums=self._donate)
         self._stateful = None  # built when a trace draws from the generator
         self._graphs = {}
         functools.update_wrapper(self, fun, updated=())
 
-    # -- the jax.jit path ---------------------------------------------------
+        def trace_pure(*args, **kwargs):
+            with _random.assume_no_draws():
+                return fun(*args, **kwargs)
 
-    def _trace_pure(self, *args, **kwargs):
-        with _random.assume_no_draws():
-            return self._fun(*args, **kwargs)
+        trace_pure.__name__ = trace_pure.__qualname__ = self._name
+        options = dict(static_argnums=self._static_argnums, static_argnames=self._static_argnames,
+                       donate_argnums=self._donate)
+        self._pure = _cpp_jit(trace_pure, self._miss, options)
+        self.fast = self._pure is not None
+        if self._pure is None:
+            self._pure = jax.jit(trace_pure, **options)
+        else:
+            functools.update_wrapper(self._pure, fun, updated=())
+            self._pure.lower = self.lower
+            self._pure.functx_jitted = self
+
+    # -- the jax.jit path ---------------------------------------------------
 
     def _trace_stateful(self, key, *args, **kwargs):
         with _random.threaded_state(key) as final:
@@ -121,8 +215,7 @@ class Jitted:
         return self._stateful
 
     def __call__(self, *args, **kwargs):
-        # the common case first, with as little Python as possible: a cached
-        # call costs what a jax.jit call costs
+        # (the Python wrapper, used only where `_cpp_jit` is unavailable)
         if _stack_state.stack:
             return self._call_staged(args, kwargs)
         if self._stateful is None:
@@ -133,14 +226,34 @@ class Jitted:
             except _random.UsesGeneratorState:
                 if _random.in_pure_trace():
                     raise  # an enclosing jit must thread the state first
+        return self._call_stateful(args, kwargs)
+
+    def _call_stateful(self, args, kwargs):
         out, key = self._stateful_jit()(_random.get_rng_state(), *args, **kwargs)
         _random.set_rng_state(key)
         return out
 
+    def _miss(self, jax_miss, args, kwargs):
+        """The C++ jitted function's cache-miss handler: `(outputs, what
+        JAX caches, ...)` (NOTE [no Python in front of a cached call])."""
+        if _stack_state.stack:
+            return (self._call_staged(args, kwargs),) + _no_fastpath()
+        if self._stateful is None:
+            try:
+                result = jax_miss(*args, **kwargs)
+            except _random.UsesGeneratorState:
+                if _random.in_pure_trace():
+                    raise
+            else:
+                _learn_fastpath_arity(result)
+                return result
+        return (self._call_stateful(args, kwargs),) + _no_fastpath()
+
     def lower(self, *args, **kwargs):
         if self._stateful is None:
             try:
-                return self._pure.lower(*args, **kwargs)
+                # JAX's own `lower` (the C++ function's attribute is this method)
+                return type(self._pure).lower(self._pure, *args, **kwargs)
             except _random.UsesGeneratorState:
                 pass
         return self._stateful_jit().lower(_random.get_rng_state(), *args, **kwargs)
@@ -220,7 +333,8 @@ def jit(func, static_argnums=(), static_argnames=(), donate_argnums=()):
     results. Draws from functx's stateful generator inside `func` advance the
     generator on every call, as they would without jit.
     """
-    return Jitted(func, static_argnums, static_argnames, donate_argnums)
+    jitted = Jitted(func, static_argnums, static_argnames, donate_argnums)
+    return jitted._pure if jitted.fast else jitted
 
 
 def make_graph(func, static_argnums=()):
