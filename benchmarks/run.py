@@ -19,7 +19,7 @@ Tables printed:
      memory analysis of the jitted programs, and the measured peak of the
      eager runs (in child processes).
 
-Usage: python benchmarks/run.py [--quick] [--markdown]
+Usage: python benchmarks/run.py [--quick] [--markdown] [--only TEXT]
 """
 
 import argparse
@@ -815,10 +815,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (smoke test)")
     parser.add_argument("--markdown", action="store_true", help="print the tables as markdown")
+    parser.add_argument("--only", metavar="TEXT",
+                        help="only the workloads whose name contains TEXT (no memory table)")
     parser.add_argument("--probe-memory", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.probe_memory:
         return probe_memory(opts.probe_memory)
+    if opts.only:
+        WORKLOADS[:] = [w for w in WORKLOADS if opts.only in w.name]
 
     if TORCH is not None and _torch_device() == "cpu":
         torch.set_num_threads(cpu_count())  # as many threads as XLA's CPU pool
@@ -844,7 +848,7 @@ def main():
     render(
         "Peak memory of chunked vmap / jacrev (ratio to the unchunked row in parentheses)",
         ["case", "chunk", "k/size", "output"] + MEMORY_COLUMNS,
-        memory_rows(problems), md,
+        [] if opts.only else memory_rows(problems), md,
         notes=[("jit columns: temp_size_in_bytes of the compiled program (arguments and "
                 "output excluded; the output is the same for every chunk size). The JAX "
                 "programs chunk with jax.lax.map(batch_size=k) (a loop) or with a Python loop "
