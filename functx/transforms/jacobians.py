@@ -7,6 +7,7 @@ respect to the differentiated arguments (a tuple of them for tuple
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
@@ -21,17 +22,31 @@ from .jvp import _check_tuple, jvp, jvp_flat
 from .vmap import vmap
 
 
+_BASES = {}
+
+
 def _basis(avals):
-    """Rows of the identity, split per leaf: leaf k gets shape (N, *shape_k)."""
+    """Rows of the identity, split per leaf: leaf k gets shape (N, *shape_k).
+
+    Built with jax.numpy, so under a JAX trace (functx.jit) the identity is
+    computed inside the program (iota and compare, fused by XLA) instead of
+    being baked into it as an N x N constant; eager bases are cached."""
+    key = tuple(avals)
+    cached = _BASES.get(key)
+    if cached is not None:
+        return cached
     sizes = [a.size for a in avals]
     total = sum(sizes)
-    eye = np.eye(total)
     out = []
     start = 0
     for a, n in zip(avals, sizes):
-        out.append(jnp.asarray(eye[:, start:start + n].reshape((total,) + a.shape), a.dtype))
+        block = jnp.eye(total, n, k=-start, dtype=a.dtype)
+        out.append(jnp.reshape(block, (total,) + a.shape))
         start += n
-    return out, sizes, total
+    result = out, sizes, total
+    if not any(isinstance(b, jax.core.Tracer) for b in out) and len(_BASES) < 64:
+        _BASES[key] = result
+    return result
 
 
 def _rows(x, start, stop):
