@@ -2,14 +2,36 @@
 
 Every public function of `jax.lax` is here with the same arguments and
 results, run through `functx.lift` when it meets functx values (NOTE
-[lifting] in functx/lifting.py). Structured control flow (`cond`, `scan`,
-`while_loop`, `fori_loop`, `map`) works on arrays and JAX values; its
-functx transform rules are not written yet, so under a functx transform it
-raises an error naming the primitive (use Python control flow on concrete
-values, or functx.numpy.where, meanwhile).
+[lifting] in functx/lifting.py).
+
+Structured control flow is functx-native: `cond`, `switch`, `scan`,
+`while_loop`, `fori_loop` and `map` stage their Python callables into functx
+graphs and bind the primitives `cond`, `scan` and `while`
+(functx/primitives/control.py), so they work under every functx transform,
+eagerly, under `functx.jit` and under an outer `jax.jit`, and may close over
+values of enclosing transforms. Reverse mode (grad, vjp, jacrev) works
+through `cond`, `switch`, `scan`, `map` and `fori_loop` with static (Python
+int or concrete) bounds, which becomes a `scan`; `while_loop`, and
+`fori_loop` with traced bounds, support forward mode (jvp, jacfwd,
+linearize) and vmap, and raise a clear error under reverse mode. JAX code
+that uses `jax.lax.cond / scan / while_loop` transforms too, through
+`functx.lift`.
+
+As in JAX, a callable is staged once per argument structure, shapes and
+dtypes and the staged program is reused while the function object lives,
+unless it closes over values of an enclosing transform (then it is staged on
+every call). Draws from functx's stateful generator inside a body are made
+once, when it is staged: use explicit keys (functx.random with a key
+argument) for fresh numbers per iteration.
 """
 
+import builtins as _builtins
+import weakref as _weakref
+
+import jax as _jax
 import jax.lax as _jlax
+import numpy as _np
+from jax import tree_util as _tree
 
 from .numpy import populate as _populate
 
@@ -17,3 +39,513 @@ __all__ = [n for n in _populate(globals(), _jlax, "jax.lax") if not n.endswith("
 for _n in [n for n in globals() if n.endswith("_p") and not n.startswith("_")]:
     del globals()[_n]
 del _n
+
+from . import random as _random  # noqa: E402
+from .core import Tracer as _Tracer  # noqa: E402
+from .core import aval_of as _aval_of  # noqa: E402
+from .core import bind as _bind  # noqa: E402
+from .errors import FunctxTypeError as _TypeError  # noqa: E402
+from .errors import FunctxValueError as _ValueError  # noqa: E402
+from .interpreters.staging import Graph as _Graph  # noqa: E402
+from .interpreters.staging import Var as _Var  # noqa: E402
+from .interpreters.staging import stage as _stage  # noqa: E402
+from .primitives import control as _control  # noqa: E402
+from .primitives import elementwise as _ew  # noqa: E402
+from .primitives.common import scalar_like as _scalar_like  # noqa: E402
+
+_JaxTracer = _jax.core.Tracer
+_NO_OPERAND = object()
+
+
+# --------------------------------------------------------------------------
+# Staging callables
+
+
+_STAGED = _weakref.WeakKeyDictionary()  # fn -> {(kind, in tree, avals): (graph, out tree)}
+
+
+def _call(fn, *args):
+    return fn(*args)
+
+
+def _leaf(x, what):
+    """An operand leaf as a value a primitive accepts."""
+    if isinstance(x, (_Tracer, _jax.Array, _JaxTracer, _np.ndarray)):
+        return x
+    if isinstance(x, _np.generic):
+        return _np.asarray(x)
+    if isinstance(x, (bool, int, float, complex)):
+        return x
+    raise _TypeError(
+        f"{what}: a {type(x).__name__} was found where an array was expected. Pass "
+        "arrays (JAX or NumPy arrays, Python numbers) or pytrees of them; keep other "
+        "values in the function's closure."
+    )
+
+
+def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
+    """Stage `call(fn, *tree_unflatten(args_tree, inputs))` into a Graph with
+    one input per aval. Returns `(graph, captured, out_tree)`: values of
+    enclosing transforms the function closes over become extra inputs after
+    the `avals` ones (`captured`, see `staging.stage`). Staged programs that
+    capture nothing are cached per `fn` (while it lives), `kind`, argument
+    structure and avals."""
+    key = (kind, args_tree, tuple(avals))
+    try:
+        hit = _STAGED.get(fn, {}).get(key)
+    except TypeError:  # fn not weakly referenceable or not hashable
+        hit = None
+    if hit is not None:
+        return hit[0], [], hit[1]
+    out_tree = []
+
+    def flat(*leaves):
+        out = call(fn, *_tree.tree_unflatten(args_tree, list(leaves)))
+        out_leaves, tree = _tree.tree_flatten(out)
+        out_tree.append(tree)
+        return [_leaf(x, what) for x in out_leaves]
+
+    state = _random.peek_state()
+    graph, captured = _stage(flat, list(avals), what)
+    if not captured and _random.peek_state() is state:
+        try:
+            _STAGED.setdefault(fn, {})[key] = (graph, out_tree[0])
+        except TypeError:
+            pass
+    return graph, captured, out_tree[0]
+
+
+def _consts_first(graph, n):
+    """`graph` with its inputs after the first `n` (the captured values)
+    moved to the front, where the primitives keep their constants."""
+    if len(graph.inputs) == n:
+        return graph
+    return _Graph(graph.inputs[n:] + graph.inputs[:n], graph.eqns, graph.outputs)
+
+
+def _check_callable(fn, what, name):
+    if not callable(fn):
+        raise _TypeError(f"{what}: `{name}` must be callable, got {type(fn).__name__}.")
+
+
+def _to_dtype(x, dtype):
+    if isinstance(x, (_Tracer, _JaxTracer)):
+        return _ew.convert_element_type(x, dtype)
+    return _np.asarray(x, dtype)
+
+
+def _describe(avals):
+    return ", ".join(a.str_short() for a in avals)
+
+
+def _match_carry(what, init, carry_avals, out_tree, init_tree, out_avals, role):
+    """Check that a loop body returns its carry's structure, shapes and
+    dtypes. A weakly typed initial value (a Python number) whose dtype
+    differs is converted to the body's dtype, as JAX does: returns the
+    possibly converted leaves and whether any changed."""
+    if out_tree != init_tree:
+        raise _TypeError(
+            f"{what}: {role} must return a carry with the structure of the initial "
+            f"value, {init_tree}, but returned {out_tree}. Return the same containers "
+            "and leaves on every iteration."
+        )
+    changed = False
+    new = list(init)
+    for i, (a, o) in enumerate(zip(carry_avals, out_avals)):
+        if a.shape == o.shape and a.dtype == o.dtype:
+            continue
+        if a.shape == o.shape and a.weak_type and not o.weak_type:
+            new[i] = _to_dtype(init[i], o.dtype)
+            changed = True
+            continue
+        raise _TypeError(
+            f"{what}: {role} must return a carry of the initial value's shapes and "
+            f"dtypes. The initial carry is ({_describe(carry_avals)}) but {role} returned "
+            f"({_describe(out_avals)}): leaf {i} differs. Cast the initial value (or the "
+            "returned carry) to matching dtypes."
+        )
+    return new, changed
+
+
+# --------------------------------------------------------------------------
+# cond and switch
+
+
+def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
+    """functx version of `jax.lax.cond`: `true_fun(*operands)` if `pred` else
+    `false_fun(*operands)`, as one primitive that every functx transform
+    differentiates and batches (under vmap with a batched `pred` both
+    branches run and each lane takes its own; reverse mode is supported).
+    The branches may close over values of enclosing transforms.
+
+    Args:
+      pred: a boolean (or number, compared with 0) scalar.
+      true_fun, false_fun: callables of `*operands` returning pytrees of
+        the same structure, shapes and dtypes.
+      *operands: pytrees of arrays passed to the chosen branch.
+
+    Returns:
+      The chosen branch's result.
+
+    Example:
+      >>> fnp = functx.numpy
+      >>> functx.grad(lambda x: functx.lax.cond(x > 0, fnp.sin, fnp.cos, x))(1.0)
+    """
+    if operand is not _NO_OPERAND:
+        if operands:
+            raise _TypeError("cond: pass the operands positionally or as `operand=`, not both.")
+        operands = (operand,)
+    _check_callable(true_fun, "cond", "true_fun")
+    _check_callable(false_fun, "cond", "false_fun")
+    pred = _leaf(pred, "cond (pred)")
+    aval = _aval_of(pred)
+    if aval.shape != ():
+        raise _TypeError(
+            f"cond: pred must be a scalar, got {aval.str_short()}. Reduce it (e.g. "
+            ".all() / .any()), or use functx.numpy.where for elementwise choices."
+        )
+    if aval.dtype != _np.dtype(bool):
+        if not _np.issubdtype(aval.dtype, _np.number):
+            raise _TypeError(f"cond: pred must be a boolean or a number, got {aval.str_short()}.")
+        pred = _bind(_ew.ne_p, pred, _scalar_like(pred, 0))
+    index = _ew.convert_element_type(pred, _np.int32)
+    return _cond("cond", index, (false_fun, true_fun), operands)
+
+
+def switch(index, branches, *operands, operand=_NO_OPERAND):
+    """functx version of `jax.lax.switch`: `branches[index](*operands)`, the
+    index clamped to the valid range. Like `cond`, it works under every
+    functx transform.
+
+    Args:
+      index: an integer scalar.
+      branches: a sequence of callables of `*operands` returning pytrees of
+        the same structure, shapes and dtypes.
+      *operands: pytrees of arrays passed to the chosen branch.
+
+    Returns:
+      The chosen branch's result.
+
+    Example:
+      >>> fnp = functx.numpy
+      >>> functx.vmap(lambda i, x: functx.lax.switch(i, [fnp.sin, fnp.cos], x))(
+      ...     jnp.array([0, 1]), jnp.ones(2))
+    """
+    if operand is not _NO_OPERAND:
+        if operands:
+            raise _TypeError("switch: pass the operands positionally or as `operand=`, not both.")
+        operands = (operand,)
+    branches = tuple(branches)
+    if not branches:
+        raise _ValueError("switch: `branches` is empty; pass at least one callable.")
+    for i, b in enumerate(branches):
+        _check_callable(b, "switch", f"branches[{i}]")
+    index = _leaf(index, "switch (index)")
+    aval = _aval_of(index)
+    if aval.shape != () or not _np.issubdtype(aval.dtype, _np.integer):
+        raise _TypeError(f"switch: index must be an integer scalar, got {aval.str_short()}.")
+    if len(branches) == 1:
+        return branches[0](*operands)
+    index = _ew.convert_element_type(index, _np.int32)
+    index = _ew.clamp(_np.int32(0), index, _np.int32(len(branches) - 1))
+    return _cond("switch", index, branches, operands)
+
+
+def _cond(what, index, branches, operands):
+    leaves, tree = _tree.tree_flatten(operands)
+    leaves = [_leaf(x, what) for x in leaves]
+    avals = [_aval_of(x) for x in leaves]
+    staged = [_stage_fn(b, tree, avals, what) for b in branches]
+    out_tree = staged[0][2]
+    out_avals = staged[0][0].out_avals
+    for k, (graph, _, t) in enumerate(staged):
+        if t != out_tree:
+            raise _TypeError(
+                f"{what}: every branch must return the same structure; branch 0 returns "
+                f"{out_tree} but branch {k} returns {t}."
+            )
+        if any(a.shape != b.shape or a.dtype != b.dtype
+               for a, b in zip(out_avals, graph.out_avals)):
+            raise _TypeError(
+                f"{what}: every branch must return the same shapes and dtypes; branch 0 "
+                f"returns ({_describe(out_avals)}) but branch {k} returns "
+                f"({_describe(graph.out_avals)}). Cast the outputs to matching dtypes."
+            )
+    # Operands, then the values any branch closes over (each once).
+    captured, position = [], {}
+    for _, cap, _ in staged:
+        for v in cap:
+            if id(v) not in position:
+                position[id(v)] = len(captured)
+                captured.append(v)
+    n = len(leaves)
+    graphs = []
+    for graph, cap, _ in staged:
+        if not captured:
+            graphs.append(graph)
+            continue
+        own = {id(v): var for v, var in zip(cap, graph.inputs[n:])}
+        extra = [own.get(id(v)) or _Var(_aval_of(v)) for v in captured]
+        graphs.append(_Graph(graph.inputs[:n] + extra, graph.eqns, graph.outputs))
+    outs = _bind(_control.cond_p, index, *leaves, *captured, branches=tuple(graphs))
+    return _tree.tree_unflatten(out_tree, outs)
+
+
+# --------------------------------------------------------------------------
+# scan, fori_loop and map
+
+
+def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpose=False):
+    """functx version of `jax.lax.scan`: loop `carry, y = f(carry, x)` over
+    the leading axis of `xs`, returning the final carry and the stacked
+    `y`s. Every functx transform applies, reverse mode included (the values
+    of each iteration that the gradient needs are stacked by the forward
+    loop). `f` may close over values of enclosing transforms.
+
+    Args:
+      f: `(carry, x) -> (carry, y)`; the carry keeps its structure, shapes
+        and dtypes (a Python-number initial value takes `f`'s dtype).
+      init: the initial carry (a pytree of arrays).
+      xs: a pytree of arrays scanned along their leading axis, or None.
+      length: the number of iterations when `xs` is None.
+      reverse: iterate from the last slice to the first.
+      unroll: iterations per loop step of the compiled loop (int or bool).
+
+    Returns:
+      `(final carry, stacked ys)`.
+
+    Example (the gradient through a small RNN):
+      >>> def loss(w, xs):
+      ...     h, _ = functx.lax.scan(lambda h, x: (functx.numpy.tanh(w @ h + x), None),
+      ...                            jnp.zeros(3), xs)
+      ...     return h.sum()
+      >>> functx.grad(loss)(jnp.eye(3), jnp.ones((5, 3)))
+    """
+    del _split_transpose
+    _check_callable(f, "scan", "f")
+    return _scan("scan", f, _call, "", init, xs, length, reverse, unroll)
+
+
+def _scan(what, fn, call, kind, init, xs, length, reverse, unroll):
+    init_leaves, init_tree = _tree.tree_flatten(init)
+    init_leaves = [_leaf(x, what) for x in init_leaves]
+    xs_leaves, xs_tree = _tree.tree_flatten(xs)
+    xs_leaves = [_leaf(x, what) for x in xs_leaves]
+    x_avals = []
+    for x in xs_leaves:
+        a = _aval_of(x)
+        if a.ndim == 0:
+            raise _ValueError(f"{what}: every leaf of xs needs a leading axis to scan "
+                              f"over, got a scalar {a.str_short()}.")
+        x_avals.append(a.update(shape=a.shape[1:]))
+    lengths = sorted({_aval_of(x).shape[0] for x in xs_leaves})
+    if length is not None:
+        if isinstance(length, (_Tracer, _JaxTracer)):
+            raise _TypeError(f"{what}: `length` must be a Python int, not a traced value.")
+        length = int(length)
+        if lengths and lengths != [length]:
+            raise _ValueError(f"{what}: length={length} but the leading axes of xs are "
+                              f"{lengths}.")
+    elif len(lengths) == 1:
+        length = lengths[0]
+    elif lengths:
+        raise _ValueError(f"{what}: the leaves of xs have different leading axis sizes "
+                          f"{lengths}; they must all be the same.")
+    else:
+        raise _ValueError(f"{what}: with no xs to scan over, pass `length`.")
+    if isinstance(unroll, bool):
+        unroll = _builtins.max(length, 1) if unroll else 1
+    unroll = int(unroll)
+    args_tree = _tree.tree_structure((_tree.tree_unflatten(init_tree, init_leaves),
+                                      _tree.tree_unflatten(xs_tree, xs_leaves)))
+    for _ in range(2):
+        carry_avals = [_aval_of(x) for x in init_leaves]
+        graph, captured, out_tree = _stage_fn(fn, args_tree, carry_avals + x_avals, what,
+                                              call, kind)
+        if out_tree.node_data() is None or out_tree.node_data()[0] not in (tuple, list) \
+                or len(_tree.treedef_children(out_tree)) != 2:
+            raise _TypeError(f"{what}: the body must return a pair (carry, y), got "
+                             f"{out_tree}.")
+        carry_tree, y_tree = _tree.treedef_children(out_tree)
+        n = len(init_leaves)
+        init_leaves, changed = _match_carry(what, init_leaves, carry_avals, carry_tree,
+                                            init_tree, graph.out_avals[:n], "the body")
+        if not changed:
+            break
+    outs = _bind(_control.scan_p, *captured, *init_leaves, *xs_leaves,
+                 body=_consts_first(graph, n + len(xs_leaves)), length=length,
+                 reverse=bool(reverse), unroll=unroll, num_consts=len(captured), num_carry=n)
+    return (_tree.tree_unflatten(init_tree, outs[:n]),
+            _tree.tree_unflatten(y_tree, outs[n:]))
+
+
+def _fori_scan_body(fn, carry, _):
+    i, x = carry
+    return (i + 1, fn(i, x)), None
+
+
+def _fori_cond(carry):
+    return carry[0] < carry[1]
+
+
+def _fori_while_body(fn, carry):
+    i, upper, x = carry
+    return i + 1, upper, fn(i, x)
+
+
+def _static_int(x):
+    if isinstance(x, (_Tracer, _JaxTracer)):
+        return None
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
+    """functx version of `jax.lax.fori_loop`: `val = body_fun(i, val)` for i
+    in range(lower, upper). With static bounds (Python ints or concrete
+    arrays) it is a `scan`, so reverse mode works; with traced bounds it is
+    a `while_loop` (forward mode and vmap only).
+
+    Args:
+      lower, upper: integer bounds (upper exclusive).
+      body_fun: `(i, val) -> val`, keeping `val`'s structure, shapes and dtypes.
+      init_val: the initial value (a pytree of arrays).
+      unroll: as for `scan`; static bounds only.
+
+    Returns:
+      The final value.
+
+    Example:
+      >>> functx.grad(lambda x: functx.lax.fori_loop(0, 3, lambda i, v: v * x, 1.0))(2.0)
+    """
+    _check_callable(body_fun, "fori_loop", "body_fun")
+    lo, hi = _static_int(lower), _static_int(upper)
+    if lo is not None and hi is not None:
+        (_, result), _ = _scan("fori_loop", body_fun, _fori_scan_body, "fori", (lo, init_val),
+                               None, _builtins.max(hi - lo, 0), False, 1 if unroll is None else unroll)
+        return result
+    if unroll not in (None, False, 1):
+        raise _ValueError("fori_loop: `unroll` needs static bounds (Python ints), but a bound "
+                          "is a traced value.")
+    lower, upper = _leaf(lower, "fori_loop"), _leaf(upper, "fori_loop")
+    la, ua = _aval_of(lower), _aval_of(upper)
+    if la.dtype != ua.dtype:
+        if la.weak_type and not ua.weak_type:
+            lower = _to_dtype(lower, ua.dtype)
+        elif ua.weak_type and not la.weak_type:
+            upper = _to_dtype(upper, la.dtype)
+        else:
+            raise _TypeError(f"fori_loop: lower and upper must have the same dtype, got "
+                             f"{la.str_short()} and {ua.str_short()}.")
+    _, _, result = _while("fori_loop", _fori_cond, _call, body_fun, _fori_while_body,
+                          "fori", (lower, upper, init_val))
+    return result
+
+
+def _map_body(fn, carry, x):
+    return (), fn(x)
+
+
+def _map_batched_body(fn, carry, x):
+    from .transforms import vmap
+
+    return (), vmap(fn)(x)
+
+
+def map(f, xs, *, batch_size=None):
+    """functx version of `jax.lax.map`: `f` applied to each slice of `xs`
+    along its leading axis, as a `scan` (so every functx transform applies).
+    With `batch_size`, slices are processed `batch_size` at a time with
+    `functx.vmap` inside the scan, and the remainder by one more vmap.
+
+    Args:
+      f: a function of one slice (a pytree) of `xs`.
+      xs: a pytree of arrays with a common leading axis.
+      batch_size: slices per step (0: all at once, a plain vmap).
+
+    Returns:
+      The stacked results of `f`.
+
+    Example:
+      >>> functx.lax.map(lambda x: x ** 2, jnp.arange(4.0), batch_size=3)
+    """
+    _check_callable(f, "map", "f")
+    if batch_size is None:
+        return _scan("map", f, _map_body, "map", (), xs, None, False, 1)[1]
+    from . import numpy as fnp
+    from .transforms import vmap
+
+    leaves, tree = _tree.tree_flatten(xs)
+    if not leaves:
+        raise _ValueError("map: xs holds no arrays to map over.")
+    n = _aval_of(leaves[0]).shape[0]
+    batch_size = int(batch_size)
+    num, rest = (0, n) if batch_size == 0 else divmod(n, batch_size)
+    done = num * batch_size
+    ys = None
+    if num:
+        chunks = [x[:done].reshape((num, batch_size) + tuple(_aval_of(x).shape[1:]))
+                  for x in leaves]
+        ys = _scan("map", f, _map_batched_body, "map-batched", (),
+                   _tree.tree_unflatten(tree, chunks), None, False, 1)[1]
+        ys = _tree.tree_map(lambda y: y.reshape((done,) + tuple(_aval_of(y).shape[2:])), ys)
+    if rest:
+        tail = vmap(f)(_tree.tree_unflatten(tree, [x[done:] for x in leaves]))
+        ys = tail if ys is None else _tree.tree_map(
+            lambda a, b: fnp.concatenate([a, b], axis=0), ys, tail)
+    return ys
+
+
+# --------------------------------------------------------------------------
+# while_loop
+
+
+def while_loop(cond_fun, body_fun, init_val):
+    """functx version of `jax.lax.while_loop`: `val = body_fun(val)` while
+    `cond_fun(val)`. Forward mode (jvp, jacfwd, linearize) and vmap apply
+    (under vmap with a batched condition the loop runs until every lane is
+    done, finished lanes unchanged); reverse mode raises an error that
+    suggests `scan` or `fori_loop` with static bounds.
+
+    Args:
+      cond_fun: `val -> boolean scalar`.
+      body_fun: `val -> val`, keeping `val`'s structure, shapes and dtypes.
+      init_val: the initial value (a pytree of arrays).
+
+    Returns:
+      The value for which `cond_fun` first returned False.
+
+    Example:
+      >>> functx.jvp(lambda x: functx.lax.while_loop(lambda v: v < 10, lambda v: v * x, 1.0),
+      ...            (3.0,), (1.0,))
+    """
+    _check_callable(cond_fun, "while_loop", "cond_fun")
+    _check_callable(body_fun, "while_loop", "body_fun")
+    return _while("while_loop", cond_fun, _call, body_fun, _call, "", init_val)
+
+
+def _while(what, cond_fn, cond_call, body_fn, body_call, kind, init_val):
+    leaves, tree = _tree.tree_flatten(init_val)
+    leaves = [_leaf(x, what) for x in leaves]
+    for _ in range(2):
+        avals = [_aval_of(x) for x in leaves]
+        args_tree = _tree.tree_structure((_tree.tree_unflatten(tree, leaves),))
+        body, b_captured, out_tree = _stage_fn(body_fn, args_tree, avals, what, body_call, kind)
+        leaves, changed = _match_carry(what, leaves, avals, out_tree, tree, body.out_avals,
+                                       "body_fun")
+        if not changed:
+            break
+    cond_graph, c_captured, c_tree = _stage_fn(cond_fn, args_tree, avals, what, cond_call, kind)
+    pred = cond_graph.out_avals
+    if c_tree.num_leaves != 1 or pred[0].shape != () or pred[0].dtype != _np.dtype(bool):
+        raise _TypeError(
+            f"{what}: cond_fun must return a boolean scalar, got "
+            f"({_describe(pred)}). Compare with <, ==, ... and reduce with .all() / .any()."
+        )
+    n = len(leaves)
+    outs = _bind(_control.while_p, *c_captured, *b_captured, *leaves,
+                 cond_graph=_consts_first(cond_graph, n), body_graph=_consts_first(body, n),
+                 cond_nconsts=len(c_captured), body_nconsts=len(b_captured))
+    return _tree.tree_unflatten(tree, outs)

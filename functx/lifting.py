@@ -41,8 +41,11 @@ _INLINE_PARAM = {
 }
 
 
-# JAX primitive name -> translate(params) -> (functx primitive, functx params).
+# JAX primitive name -> translate(params) -> (functx primitive, functx params)
+# or (Macro, params).
 # Consulted before inlining, so a module may take over e.g. custom_jvp_call.
+# Each translate function has a `primitive` attribute naming the functx
+# primitive it produces (read by functx.coverage).
 LIFT_RULES = {}
 
 
@@ -96,7 +99,10 @@ class Program:
                     for v, s in zip(eqn.outvars, outs):
                         if not isinstance(v, jcore.DropVar):
                             scope[v] = s
-                    self.instrs.append((fx, eqn.primitive, ins, outs, params))
+                    if isinstance(fx, Macro):  # replayed by calling it
+                        self.instrs.append((None, fx, ins, outs, params))
+                    else:
+                        self.instrs.append((fx, eqn.primitive, ins, outs, params))
                     continue
                 if name in _INLINE_PARAM:
                     sub = eqn.params[_INLINE_PARAM[name]]
@@ -140,8 +146,23 @@ class Program:
         return [env[s] for s in self.outputs]
 
 
+class Macro:
+    """What a `LIFT_RULES` translation may return instead of a primitive:
+    `fn(*inputs, **params) -> list of outputs`, written with functx
+    primitives (for an equation that is several functx primitives)."""
+
+    __slots__ = ("fn",)
+    multiple_results = True
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
 def _foreign(jax_prim, vals, params):
-    """An equation of a JAX primitive functx has no definition for."""
+    """An equation of a JAX primitive functx has no definition for (or a
+    translation's Macro)."""
+    if type(jax_prim) is Macro:
+        return jax_prim.fn(*vals, **params)
     for v in vals:
         if isinstance(v, Tracer):
             raise MissingRuleError(

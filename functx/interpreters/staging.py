@@ -204,9 +204,20 @@ def split_known(graph, n_known_in, n_known_out):
     return known_graph, unknown_graph, res_src
 
 
+def _graphs(v):
+    """The graphs a parameter holds (one, or a tuple of them: cond's branches)."""
+    if isinstance(v, Graph):
+        return [v]
+    if isinstance(v, tuple) and v and all(isinstance(g, Graph) for g in v):
+        return list(v)
+    return []
+
+
 def _fmt_param(v):
     if isinstance(v, Graph):
         return "{graph}"
+    if _graphs(v):
+        return f"{{{len(v)} graphs}}"
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -247,8 +258,8 @@ def pretty_print(graph, indent=0):
         ins = " ".join(name(x) for x in eqn.inputs)
         lines.append(f"{pad}    {outs} = {head} {ins}".rstrip())
         for v in eqn.params.values():
-            if isinstance(v, Graph):
-                lines.append(pretty_print(v, indent + 8))
+            for g in _graphs(v):
+                lines.append(pretty_print(g, indent + 8))
     outs = ", ".join(name(x) for x in graph.outputs)
     lines.append(f"{pad}  in ({outs}{',' if len(graph.outputs) == 1 else ''}) }}")
     return "\n".join(lines)
@@ -335,10 +346,19 @@ def stage(fn, in_avals, transform="staging"):
     per aval. Values of enclosing transforms (and JAX tracers) that `fn`
     reaches through its closure are turned into extra inputs: returns
     `(graph, captured)` where `graph` takes the `in_avals` inputs followed by
-    one input per captured value."""
+    one input per captured value.
+
+    `fn` runs under `jax.ensure_compile_time_eval()`: what it computes from
+    concrete values alone (a constant a rule builds, a broadcast zero) stays
+    a concrete constant of the graph even under an outer `jax.jit`, instead
+    of becoming a JAX tracer that would be captured as an input (which the
+    graph transforms, e.g. `batch_graph`, do not allow). Operations on JAX
+    tracers that `fn` closes over are traced as usual."""
+    import jax
+
     from ..core import new_interpreter
 
-    with new_interpreter(StagingInterpreter(transform)) as st:
+    with new_interpreter(StagingInterpreter(transform)) as st, jax.ensure_compile_time_eval():
         ins = [st.new_input(a) for a in in_avals]
         outs = fn(*ins)
         graph = st.graph(ins, outs)

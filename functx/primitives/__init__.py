@@ -10,3 +10,10 @@ from . import indexing  # noqa: F401
 from . import sort  # noqa: F401
 from . import call  # noqa: F401
 from . import conv  # noqa: F401
+from . import control  # noqa: F401
+from . import random_prims  # noqa: F401
+from . import linalg  # noqa: F401
+from . import complex  # noqa: F401
+from . import fft  # noqa: F401
+from . import windows  # noqa: F401
+from . import custom  # noqa: F401
