@@ -8,6 +8,7 @@ XFAIL with a reason, never hidden.
 """
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import jax
@@ -274,6 +275,119 @@ op("sort", lambda x: jnp.sort(x, axis=1), [U(S)])
 op("sort_axis0", lambda x: jnp.sort(x, axis=0), [U((3, 2))])
 op("sort_multi", lambda x, y: lax.sort((x, y), dimension=1, num_keys=1), [U(S), U(S)])
 op("argsort", lambda x: jnp.argsort(x, axis=1), [U(S)], nondiff=True)
+
+# --------------------------------------------------------------------------
+# Complex numbers. The sweep differentiates real arguments only, so a
+# complex record takes real arrays whose last axis holds the real and
+# imaginary parts (`_c`), and returns each complex result as its (real,
+# imag) pair: a complex function is then checked as the real map it is
+# (C = R^2) against JAX and finite differences. tests/test_misc_prims.py
+# checks JAX's conventions with complex tangents and cotangents directly.
+
+
+def _split(z):
+    """Complex results as (real, imag) pairs; real ones as they are."""
+    if isinstance(z, tuple):
+        return tuple(_split(x) for x in z)
+    if jnp.iscomplexobj(z):
+        return lax.real(z), lax.imag(z)
+    return z
+
+
+def _c(f):
+    """`f` of one complex argument, as a function of one real array whose
+    last axis (of size 2) holds the real and imaginary parts."""
+    return lambda x: _split(f(lax.complex(x[..., 0], x[..., 1])))
+
+
+def Cx(shape, lo=-2.0, hi=2.0):
+    """A complex argument of `shape` for `_c`: uniform real and imaginary parts."""
+    return U(shape + (2,), lo, hi)
+
+
+def CxAway(shape):
+    return Away(shape + (2,))
+
+
+op("complex_holomorphic", _c(lambda z: lax.exp(z) / (z * z + 1.0) + jnp.sum(z * z, axis=1,
+                                                                            keepdims=True)),
+   [Cx(S, -1.0, 1.0)], order=1)
+op("complex_abs_conj", _c(lambda z: (lax.abs(z), lax.conj(z) * z * z)), [CxAway(S)])
+
+
+def _complex_mixed(parts):
+    """dot_general of complex operands; conj of a real input (a complex
+    result); converts between real and complex."""
+    x, y = parts[..., 0], parts[..., 1]
+    z = lax.complex(x, y)
+    with warnings.catch_warnings():  # complex -> real keeps the real part, as intended
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        back = lax.convert_element_type(
+            lax.complex(y, x) * lax.convert_element_type(x, np.complex128), np.float64)
+    return _split((z @ lax.conj(z).T, lax.conj(x) * z)) + (back,)
+
+
+op("complex_mixed", _complex_mixed, [Cx(S)], order=1)
+
+# --------------------------------------------------------------------------
+# fft: every fft_type, over 1 to 3 trailing axes (linear: the second-order
+# checks transpose the transposes, which for rfft/irfft are other types)
+
+_T = lax.FftType
+op("fft_ifft", _c(lambda z: (lax.fft(z, _T.FFT, (3,)), lax.fft(z, _T.IFFT, (2, 3)))),
+   [Cx(S)], order=1)
+op("rfft", lambda x: (_split(lax.fft(x, _T.RFFT, (4,))),
+                      _split(lax.fft(x[:, :3], _T.RFFT, (2, 3)))), [U((2, 4))])
+op("irfft", _c(lambda z: (lax.fft(z, _T.IRFFT, (4,)), lax.fft(z, _T.IRFFT, (2, 2, 5)))),
+   [Cx((2, 2, 3))])
+
+# --------------------------------------------------------------------------
+# Windowed reductions (pooling) and the selections their derivatives use
+
+op("reduce_window_sum", lambda x: (
+    lax.reduce_window(x, 0.0, lax.add, (2, 2), (2, 1), ((1, 0), (0, 1))),
+    lax.reduce_window(x, 0.0, lax.add, (2, 2), (1, 2), "VALID", base_dilation=(2, 1),
+                      window_dilation=(1, 2))), [U((3, 5))])
+op("max_pool", lambda x: (
+    lax.reduce_window(x, -jnp.inf, lax.max, (2, 2), (2, 2), "VALID"),
+    lax.reduce_window(x, -jnp.inf, lax.max, (3, 2), (1, 1), "SAME")), [U((4, 4))])
+# base dilation 2 with windows of 2: every window holds one real entry
+op("min_pool_base_dilation", lambda x: lax.reduce_window(
+    x, jnp.inf, lax.min, (2, 2), (1, 2), ((0, 0), (1, 1)), base_dilation=(2, 1)),
+   [U((3, 4))])
+# JAX's vjp of max pooling is a select_and_scatter_add of the cotangent
+op("select_and_scatter_add", lambda x, ct: jax.vjp(
+    lambda y: lax.reduce_window(y, -jnp.inf, lax.max, (2, 2), (1, 2), "VALID"), x)[1](ct)[0],
+   [U((3, 4)), U((2, 2))], order=1)
+
+# --------------------------------------------------------------------------
+# top_k, approx_top_k
+
+op("top_k", lambda x: (lax.top_k(x, 2)[0], lax.top_k(x, 2, axis=0)[0], lax.approx_max_k(x, 2)[0]),
+   [U((3, 4))], order=1)
+
+# --------------------------------------------------------------------------
+# Special functions and the rest of the elementwise family. Their lowerings
+# are large (series, continued fractions), so shapes are minimal and the
+# batching checks, those of the shared broadcasting rule, are left to the
+# cheaper records. zeta (JAX has no derivative for it to compare with) and
+# the derivatives JAX does not define are checked in tests/test_misc_prims.py.
+
+
+op("bessel_i0e_i1e", lambda x: (lax.bessel_i0e(x), lax.bessel_i1e(x)), [U((3,), -3.0, 3.0)],
+   order=1, batch=False)
+op("betainc_x", lax.betainc, [U((2,), 0.5, 3.0), U((2,), 0.5, 3.0), U((2,), 0.1, 0.9)],
+   diff=(2,), order=1, batch=False)
+_ties = lambda rng: rng.integers(0, 3, (3,)).astype(np.float64)  # noqa: E731
+op("total_order_compare", lambda x, y: (lax.eq_to_p.bind(x, y), lax.le_to_p.bind(x, y),
+                                        lax.lt_to_p.bind(x, y)), [_ties, _ties], nondiff=True)
+# unsigned: XLA:CPU fails to compile some fusions of a signed mulhi (JAX's own too)
+_u32 = I((3,), 0, 2**31 - 1, np.uint32)
+op("mulhi", lambda x, y: jax._src.lax.lax.mulhi(x, y), [_u32, _u32], nondiff=True)
+op("bitcast", lambda x: (lax.bitcast_convert_type(x, np.int64),
+                         lax.bitcast_convert_type(x, np.int32)), [U(S)], nondiff=True)
+op("bitcast_wide", lambda x: lax.bitcast_convert_type(x, np.int64), [I((2, 2), -100, 100)],
+   nondiff=True)
 
 # --------------------------------------------------------------------------
 # Known gaps: name -> reason. Checked: each listed record does fail.

@@ -1,5 +1,7 @@
-"""Elementwise primitives: arithmetic, transcendental functions,
-comparisons, logic, select and clamp.
+"""Elementwise primitives: arithmetic, transcendental and special
+functions, comparisons (also the total-order ones), logic and bit
+operations, conversions (convert_element_type, bitcast_convert_type),
+select and clamp.
 
 Each primitive is followed by its rules. Binary primitives follow lax
 broadcasting (equal ranks with size-1 dimensions, or rank-0 operands).
@@ -9,8 +11,10 @@ import math
 
 import numpy as np
 from jax import lax
+from jax._src.lax.lax import mulhi_p as _jax_mulhi_p  # not exported by jax.lax
 
 from ..core import Aval, FROM_JAX, Primitive, Zero, aval_of, bind
+from ..errors import MissingRuleError
 from ..interpreters.eval import lower_to_jax
 from .common import (
     batch_rules,
@@ -245,9 +249,30 @@ defjvp(
 nextafter_p = _binary("nextafter", lax.nextafter_p)
 defzero_jvp(nextafter_p)
 
-abs_p = _unary("abs", lax.abs_p)
+
+def _abs_shape(x):
+    if np.issubdtype(x.dtype, np.complexfloating):
+        return Aval(x.shape, np.finfo(x.dtype).dtype, x.weak_type)
+    return x
+
+
+abs_p = _unary("abs", lax.abs_p, shape=_abs_shape)
 abs = _plain(abs_p)
-defjvp(abs_p, lambda t, x: mul(t, sign(x)))
+
+
+def _abs_jvp(t, out, x):
+    """As JAX: the derivative is +1 at x == 0; for complex x, the tangent of
+    |x| is Re(t conj(x)) / |x| (0 where x == 0)."""
+    if np.issubdtype(aval_of(x).dtype, np.complexfloating):
+        from .complex import conj, real
+
+        mag = convert_element_type(out, aval_of(x).dtype)
+        safe = _where(eq(mag, scalar_like(mag, 0)), scalar_like(mag, 1), mag)
+        return real(mul(t, div(conj(x), safe)))
+    return select_n(ge(x, scalar_like(x, 0)), neg(t), t)
+
+
+defjvp_out(abs_p, _abs_jvp)
 
 sign_p = _unary("sign", lax.sign_p)
 sign = _plain(sign_p)
@@ -383,9 +408,26 @@ defjvp(lgamma_p, lambda t, x: mul(t, digamma(x)))
 
 polygamma_p = _binary("polygamma", lax.polygamma_p)
 polygamma = _plain(polygamma_p)
+
+
+def no_derivative(name, arg, hint=""):
+    """A jvp contribution for an argument the primitive has no derivative
+    for (JAX defines none either): raises, naming primitive and argument."""
+
+    def fn(t, *primals, **params):
+        raise MissingRuleError(
+            f"differentiation (jvp, vjp, grad, jacfwd, jacrev): primitive `{name}` has no "
+            f"derivative with respect to its {arg}, and JAX defines none either. "
+            + (hint or "Pass that argument as a constant (do not differentiate it), or "
+               "wrap it in functx.lax.stop_gradient.")
+        )
+
+    return fn
+
+
 defjvp(
     polygamma_p,
-    None,
+    no_derivative("polygamma", "order m (first argument)"),
     lambda t, m, x: mul(t, polygamma(add(m, scalar_like(m, 1)), x)),
 )
 defjvp(digamma_p, lambda t, x: mul(t, polygamma(scalar_like(x, 1), x)))
@@ -410,6 +452,65 @@ defjvp(
     lambda t, a, x: neg(mul(t, _igamma_dx(a, x))),
 )
 
+defjvp(
+    igamma_grad_a_p,
+    no_derivative("igamma_grad_a", "first argument (a)"),
+    no_derivative("igamma_grad_a", "second argument (x)"),
+)
+
+# The regularized incomplete beta function I_x(a, b) (lax.betainc):
+# dI/dx = x^(a-1) (1-x)^(b-1) / B(a, b); JAX defines no derivative in a, b.
+regularized_incomplete_beta_p = _binary("regularized_incomplete_beta",  # three operands
+                                        lax.regularized_incomplete_beta_p)
+
+
+def _betainc_dx(t, a, b, x):
+    one = scalar_like(x, 1)
+    lbeta = sub(add(bind(lgamma_p, a), bind(lgamma_p, b)), bind(lgamma_p, add(a, b)))
+    log_density = sub(add(mul(sub(b, one), bind(log1p_p, neg(x))), mul(sub(a, one), log(x))),
+                      lbeta)
+    return mul(t, exp(log_density))
+
+
+defjvp(
+    regularized_incomplete_beta_p,
+    no_derivative("regularized_incomplete_beta", "first argument (a)"),
+    no_derivative("regularized_incomplete_beta", "second argument (b)"),
+    _betainc_dx,
+)
+
+# The Hurwitz zeta function zeta(s, q) = sum_n (n + q)^-s. JAX has no
+# derivative rule for it at all; in q it is d/dq zeta(s, q) = -s zeta(s+1, q),
+# which functx provides. In s there is no closed form: that raises.
+zeta_p = _binary("zeta", lax.zeta_p)
+zeta = _plain(zeta_p)
+defjvp(
+    zeta_p,
+    no_derivative("zeta", "first argument (s, the exponent)"),
+    lambda t, s, q: mul(t, mul(neg(s), zeta(add(s, scalar_like(s, 1)), q))),
+)
+
+# Exponentially scaled modified Bessel functions of order 0 and 1:
+# i0e(x) = exp(-|x|) I0(x), i1e(x) = exp(-|x|) I1(x). With I0' = I1 and
+# I1' = I0 - I1/x:  i0e' = i1e - sign(x) i0e,  i1e' = i0e - i1e (sign(x) + 1/x),
+# whose limit at 0 is 1/2 (used where |x| <= eps, as JAX does).
+bessel_i0e_p = _unary("bessel_i0e", lax.bessel_i0e_p)
+bessel_i1e_p = _unary("bessel_i1e", lax.bessel_i1e_p)
+defjvp_out(bessel_i0e_p,
+           lambda t, out, x: mul(t, sub(bind(bessel_i1e_p, x), mul(sign(x), out))))
+
+
+def _bessel_i1e_jvp(t, out, x):
+    eps = scalar_like(x, np.finfo(aval_of(x).dtype).eps)
+    tiny = le(abs(x), eps)
+    safe_x = _where(tiny, eps, x)
+    slope = sub(bind(bessel_i0e_p, safe_x),
+                mul(out, add(sign(safe_x), div(scalar_like(x, 1), safe_x))))
+    return mul(t, _where(tiny, scalar_like(x, 0.5), slope))
+
+
+defjvp_out(bessel_i1e_p, _bessel_i1e_jvp)
+
 # --------------------------------------------------------------------------
 # Comparisons, logic and bit operations: zero derivatives
 
@@ -432,9 +533,18 @@ shift_right_logical_p = _binary("shift_right_logical", lax.shift_right_logical_p
 population_count_p = _unary("population_count", lax.population_count_p)
 clz_p = _unary("clz", lax.clz_p)
 
+# Total-order comparisons (NaNs and signed zeros ordered), emitted by JAX's
+# sort comparators, e.g. in jnp.searchsorted.
+eq_to_p = _binary("eq_to", lax.eq_to_p, predicate=True)
+le_to_p = _binary("le_to", lax.le_to_p, predicate=True)
+lt_to_p = _binary("lt_to", lax.lt_to_p, predicate=True)
+
+# The high half of an integer product (JAX's Philox random bits).
+mulhi_p = _binary("mulhi", _jax_mulhi_p)
+
 for _p in (eq_p, ne_p, lt_p, le_p, gt_p, ge_p, and_p, or_p, xor_p, not_p,
            shift_left_p, shift_right_arithmetic_p, shift_right_logical_p,
-           population_count_p, clz_p):
+           population_count_p, clz_p, eq_to_p, le_to_p, lt_to_p, mulhi_p):
     defzero_jvp(_p)
 
 stop_gradient_p = _unary("stop_gradient", getattr(lax, "stop_gradient_p", None))
@@ -499,6 +609,40 @@ def _convert_transpose(ct, x, *, new_dtype, weak_type, sharding):
 
 
 transpose_rules[convert_element_type_p] = _convert_transpose
+
+# bitcast_convert_type reinterprets the bits: not differentiable (zero
+# tangents, as JAX). Between dtypes of different widths the last axis
+# appears (wide -> narrow: one entry per piece) or is consumed.
+bitcast_convert_type_p = defprim("bitcast_convert_type", lax.bitcast_convert_type_p)
+
+
+def _bitcast_shape(x, *, new_dtype):
+    new_dtype = np.dtype(new_dtype)
+    old, new = x.dtype.itemsize, new_dtype.itemsize
+    if old == new:
+        shape = x.shape
+    elif old > new:
+        shape = x.shape + (old // new,)
+    else:
+        shape = x.shape[:-1]
+    return Aval(shape, new_dtype, False)
+
+
+shape_rules[bitcast_convert_type_p] = _bitcast_shape
+defzero_jvp(bitcast_convert_type_p)
+
+
+def _bitcast_batch(size, vals, dims, *, new_dtype):
+    from .common import moveaxis
+
+    x, d = vals[0], dims[0]
+    a = aval_of(x)
+    if np.dtype(new_dtype).itemsize > a.dtype.itemsize and d == a.ndim - 1:
+        x, d = moveaxis(x, d, 0), 0  # the last axis is consumed
+    return bind(bitcast_convert_type_p, x, new_dtype=new_dtype), d
+
+
+batch_rules[bitcast_convert_type_p] = _bitcast_batch
 
 # --------------------------------------------------------------------------
 # select_n and clamp
