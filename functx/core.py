@@ -70,6 +70,8 @@ class Aval:
         return jax.ShapeDtypeStruct(self.shape, self.dtype, weak_type=self.weak_type)
 
     def str_short(self):
+        if not isinstance(self.dtype, np.dtype):  # an extended dtype: key<fry>
+            return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
         kind = self.dtype.kind
         if kind == "b":
             name = "bool"
@@ -98,6 +100,27 @@ class Aval:
 
 _ArrayImpl = type(jax.numpy.zeros(()))
 _JaxTracer = jax.core.Tracer
+_JaxArray = jax.Array
+
+
+# NOTE [key dtypes]
+# JAX's new-style PRNG keys (`jax.random.key(0)`) are arrays of an extended
+# dtype, `key<impl>`, that is not a NumPy dtype (no `.kind`; np.issubdtype
+# rejects it). functx treats them as ordinary array values: they have an
+# Aval, flow through the random primitives (primitives/random_prims.py) and
+# the structural ones (reshape, transpose, broadcast, slice, concatenate,
+# select, ...), and vmap moves their axes like any other. They are never
+# differentiated: every primitive gives a key output a symbolic Zero
+# tangent, transforms refuse keys as differentiated inputs (as they refuse
+# integers), and a key tangent that must be returned to the user is
+# materialised as float0 zeros, JAX's tangent type for keys
+# (transforms/_args.zeros_for), never as an array of keys. Old-style raw
+# keys (`jax.random.PRNGKey(0)`, uint32[2]) are plain integer arrays.
+
+
+def is_key_dtype(dtype):
+    """Is `dtype` a JAX PRNG key dtype (NOTE [key dtypes])?"""
+    return not isinstance(dtype, np.dtype) and _jax_dtypes.issubdtype(dtype, _jax_dtypes.prng_key)
 
 
 def canonical_dtype(dtype):
@@ -110,6 +133,9 @@ def aval_of(x):
     if isinstance(x, Tracer):
         return x.aval
     if type(x) is _ArrayImpl or isinstance(x, _JaxTracer):
+        a = x.aval
+        return Aval(a.shape, a.dtype, a.weak_type)
+    if isinstance(x, _JaxArray):  # key arrays (NOTE [key dtypes])
         a = x.aval
         return Aval(a.shape, a.dtype, a.weak_type)
     if isinstance(x, (np.ndarray, np.generic)):

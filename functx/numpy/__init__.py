@@ -106,7 +106,7 @@ def _unary_fast(name, binder, slow):
         if not args and not kwargs:
             if isinstance(x, _Tracer):
                 a = x.aval
-                if a.dtype.kind == "f" and not a.weak_type:
+                if _kind(a.dtype) == "f" and not a.weak_type:
                     return binder(x)
             elif type(x) not in _CONTAINERS:
                 return jax_fn(x)
@@ -121,6 +121,12 @@ def _unary_fast(name, binder, slow):
 _PY_SCALARS = (int, float)
 
 
+def _kind(dtype):
+    """NumPy's dtype kind; "V" for extended dtypes such as JAX keys (no
+    `.kind`; NOTE [key dtypes] in core.py), which take the lifted path."""
+    return getattr(dtype, "kind", "V")
+
+
 def binary_operands(x, y, float_only=False):
     """If `x op y` can go straight to the lax primitive (same dtype, same
     shape or a Python scalar, no weak types), the operands to pass; else
@@ -130,7 +136,7 @@ def binary_operands(x, y, float_only=False):
         return None
     if xt and yt:
         xa, ya = x.aval, y.aval
-        if xa.dtype.kind in "fiu" and xa.dtype == ya.dtype and xa.shape == ya.shape and not xa.weak_type and not ya.weak_type:
+        if _kind(xa.dtype) in "fiu" and xa.dtype == ya.dtype and xa.shape == ya.shape and not xa.weak_type and not ya.weak_type:
             if not float_only or xa.dtype.kind == "f":
                 return x, y
         return None
@@ -138,7 +144,7 @@ def binary_operands(x, y, float_only=False):
     a = t.aval
     if a.weak_type:
         return None
-    kind = a.dtype.kind
+    kind = _kind(a.dtype)
     if kind not in "fiu":
         return None
     if type(other) in _PY_SCALARS and (kind == "f" or (kind == "i" and type(other) is int and not float_only)):

@@ -8,8 +8,8 @@ and its batching rule (`unary_batch`, `broadcasting_batch`, ...).
 
 import numpy as np
 
-from ..core import Aval, Primitive, Zero, aval_of, bind
-from ..errors import FunctxValueError
+from ..core import Aval, Primitive, Zero, aval_of, bind, is_key_dtype
+from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.batching import batch_rules
 from ..interpreters.eval import lower_to_jax
 from ..interpreters.jvp import jvp_rules
@@ -66,6 +66,12 @@ def scalar_like(x, value):
 def instantiate(t):
     """A tangent or cotangent as an array: a symbolic zero becomes zeros."""
     if type(t) is Zero:
+        if is_key_dtype(t.aval.dtype):  # keys have no tangents (NOTE [key dtypes])
+            raise FunctxTypeError(
+                f"functx internal error: a rule asked for the tangent of a key "
+                f"({t.aval.str_short()}) as an array; a key's tangent is always a "
+                "symbolic zero. Please report this with the function that raised it."
+            )
         from .structural import full
 
         return full(t.aval.shape, 0, t.aval.dtype)

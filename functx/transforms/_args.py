@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-from ..core import Aval, Tracer, aval_of
+from ..core import Aval, Tracer, aval_of, is_key_dtype
 from ..errors import FunctxTypeError, FunctxValueError
 
 
@@ -88,7 +88,8 @@ def differentiable_leaves(args, call, names):
             if isinstance(x, _ARRAYS) or type(x) in (float, complex) or whole:
                 x = as_array(x, call, where)
                 a = aval_of(x)
-                if not np.issubdtype(a.dtype, np.inexact):
+                # (a key's extended dtype is no NumPy dtype: NOTE [key dtypes])
+                if not (isinstance(a.dtype, np.dtype) and np.issubdtype(a.dtype, np.inexact)):
                     raise FunctxTypeError(
                         f"{call}: {where} has dtype {a.dtype.name}; only floating-point "
                         "inputs can be differentiated. Convert it with .astype(float), or "
@@ -124,6 +125,8 @@ def describe_tree(tree):
 
 
 def zeros_for(aval):
+    if is_key_dtype(aval.dtype):  # a key's tangent is float0 (NOTE [key dtypes])
+        return np.zeros(aval.shape, jax.dtypes.float0)
     return jnp.zeros(aval.shape, aval.dtype)
 
 

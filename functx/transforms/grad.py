@@ -119,7 +119,7 @@ def _scalar_check(r, call):
             f"{call}: expected the function to return a scalar, got {a.str_short()}. "
             "Sum the output, or use jacrev for non-scalar outputs."
         )
-    if not np.issubdtype(a.dtype, np.floating):
+    if not (isinstance(a.dtype, np.dtype) and np.issubdtype(a.dtype, np.floating)):
         raise FunctxTypeError(
             f"{call}: expected the function to return a real floating-point scalar, "
             f"got {a.str_short()}. Only real-valued float outputs have a gradient; "

@@ -33,7 +33,9 @@ def path_name(path):
 
 
 def _is_param(x):
-    return isinstance(x, _ARRAYS) and np.issubdtype(x.dtype, np.inexact)
+    # (keys have an extended dtype, no NumPy one: NOTE [key dtypes] in core.py)
+    return (isinstance(x, _ARRAYS) and isinstance(x.dtype, np.dtype)
+            and np.issubdtype(x.dtype, np.inexact))
 
 
 def _named(module, keep):
