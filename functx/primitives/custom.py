@@ -1,0 +1,736 @@
+"""Custom derivative rules: `custom_jvp_call`, `custom_vjp_call` and the
+linear `custom_lin` they emit.
+
+NOTE [custom derivative rules]
+A function with a custom derivative stays one unit under every transform.
+Both primitives take `*consts, *primals`: the first `num_consts` inputs are
+values the function reads without differentiating them (closed-over values,
+nondiff_argnums arrays), the rest are its differentiable inputs. Their
+params hold the primal function as a staged Graph (`call`, inputs `consts +
+primals`), evaluated at the bottom of the stack and staged / batched like
+any graph, and a *rule object* that the derivative rules call:
+
+* a jvp rule object (`custom_jvp_call`): `rule(consts, primals, tangents)
+  -> (outs, out_tangents)`, lists, Zero allowed among the tangents. The
+  tangents it receives are whatever the jvp interpreter holds: values for
+  forward mode, tape tracers in reverse mode (NOTE [reverse mode = jvp +
+  staging + transpose]), so the rule's output tangent must be linear in the
+  input tangents and built from primitives that transpose.
+* a vjp rule object (`custom_vjp_call`): `fwd(consts, primals) -> (outs,
+  residuals, res_tree)` and `bwd(res_tree, residuals, cts) -> one cotangent
+  per primal` (Zero allowed). The jvp rule runs `fwd` on the primals and
+  applies `custom_lin` to the tangents: reverse mode records `custom_lin` on
+  its tape and transposes it by calling `bwd`.
+
+Rule objects also carry `n_closure`: the leading consts that the user's
+rules read through their closure rather than as arguments (values of
+enclosing transforms the function closes over; JAX's own consts for lifted
+rules). A nonzero tangent on one of those cannot be honoured by the rule
+and raises instead of giving a silently wrong derivative.
+
+Evaluation is the graph, except under JAX's tracing: a decorator's
+function without consts then goes to its jax.custom_jvp / custom_vjp twin,
+so a functx.custom_jvp function inside lifted JAX code, or under JAX's own
+transforms, keeps its rule (`_call_impl`).
+
+NOTE [forward mode of custom_vjp]
+JAX refuses `jvp` of a custom_vjp function. functx derives it: `custom_lin`
+maps tangents to output tangents by the transpose of `bwd` (linear in the
+cotangents): bwd is staged as a graph of `(residuals, cts)`, transposed with
+`transpose_graph` and evaluated on the tangents. A bwd that is not linear
+in the cotangents (gradient clipping) has no transpose: forward mode then
+raises, naming the function. (An *affine* bwd, e.g. `g + 1`, is not
+detected; a bwd is a vector-Jacobian product and so must be linear.)
+
+NOTE [batched custom rules]
+The batch rules move every batched input to axis 0, batch `call` with
+every output at axis 0, and wrap the rule object (`_BatchedJVPRule`,
+`_BatchedVJPRule`) so that it runs the inner rule on values boxed for a
+vmap interpreter and returns every output at axis 0; a batched bwd sums
+the cotangent of an unbatched input over the batch. The interpreter is a
+fresh one, except when the user's rule closes over a value this vmap
+batches: then it is that vmap's own interpreter (as JAX reuses its trace),
+so the closed-over value keeps its batch axis. That works while the vmap
+runs (grad(vmap(f)) of a custom_jvp f); a rule needed after it returned
+(the bwd of such a custom_vjp) raises, asking for the value as an argument.
+
+Lifting (bottom of this file): JAX's `custom_jvp_call` / `custom_vjp_call`
+equations become these primitives (`LIFT_RULES`), their rules replayed from
+the jaxprs JAX traces lazily, so lifted `jax.nn.relu`, `jax.nn.softplus` or
+a user's `jax.custom_vjp` keep their JAX derivatives.
+"""
+
+import contextlib
+
+import jax
+import numpy as np
+
+from ..core import Tracer, Zero, aval_of, bind, new_interpreter
+from ..errors import FunctxRuntimeError, MissingRuleError
+from ..interpreters.batching import BatchInterpreter, batch_graph
+from ..interpreters.eval import defimpl
+from ..interpreters.jvp import jvp_graph
+from ..interpreters.reverse import _Tape as Tape
+from ..interpreters.reverse import transpose_graph
+from ..interpreters.staging import StagingTracer, eval_graph, stage
+from .common import (
+    batch_rules,
+    bdim_to_front,
+    defprim,
+    instantiate,
+    is_linear,
+    jvp_rules,
+    moveaxis,
+    scalar_like,
+    shape_rules,
+    transpose_rules,
+)
+from .elementwise import mul
+from .reductions import reduce_sum
+
+JaxTracer = jax.core.Tracer
+
+custom_jvp_call = defprim("custom_jvp_call", multiple_results=True)
+custom_vjp_call = defprim("custom_vjp_call", multiple_results=True)
+custom_lin = defprim("custom_lin", multiple_results=True)
+
+
+# --------------------------------------------------------------------------
+# Helpers shared by the rules
+
+
+def is_float(aval):
+    return np.issubdtype(aval.dtype, np.inexact)
+
+
+def float0_zeros(aval):
+    """The tangent JAX gives an integer input: zeros of dtype float0."""
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+def tangent_value(t, aval):
+    """A tangent handed to a user rule: zeros for a symbolic zero (float0
+    zeros for a non-float input, as JAX does)."""
+    if type(t) is Zero:
+        return full_zeros(aval) if is_float(aval) else float0_zeros(aval)
+    return t
+
+
+def full_zeros(aval):
+    """Concrete zeros even under an outer jax.jit (NOTE [constants inside
+    rules] in control.py), so graphs staged around a rule capture nothing."""
+    with jax.ensure_compile_time_eval():
+        return instantiate(Zero(aval.update(weak_type=False)))
+
+
+def _unbatched(aval):
+    return aval.update(shape=aval.shape[1:])
+
+
+def _check_closure(tangents, rule):
+    """NOTE [custom derivative rules]: closed-over consts get no tangent."""
+    for t in tangents[:rule.n_closure]:
+        if type(t) is not Zero:
+            raise FunctxRuntimeError(
+                f"differentiating {rule.kind} function `{rule.name}`: the function "
+                f"closes over a value ({aval_of(t).str_short()}) that is being "
+                "differentiated, and its custom rule cannot say how the output "
+                "depends on it. Pass that value as an explicit argument of the "
+                f"{rule.kind} function instead of closing over it."
+            )
+
+
+def graph_jvp(graph, primals, tangents):
+    """The jvp of a staged graph, evaluated at the current level: its
+    primal part on the primals, its tangent part on the tangents (a generic
+    rule for primitives whose meaning is a graph)."""
+    nonzero = tuple(type(t) is not Zero for t in tangents)
+    split = jvp_graph(graph, nonzero)
+    results = eval_graph(split.primal, list(primals))
+    outs = results[:split.n_out]
+    touts = iter(())
+    if any(split.out_nonzero):
+        live = [t for t in tangents if type(t) is not Zero]
+        touts = iter(eval_graph(split.tangent, split.residuals(primals, results) + live))
+    return outs, [next(touts) if nz else Zero.of(o) for o, nz in zip(outs, split.out_nonzero)]
+
+
+def graph_transpose(graph, cts, args):
+    """Transpose rule of a primitive whose meaning is the (linear) graph."""
+    linear = tuple(is_linear(a) for a in args)
+    ct_nonzero = tuple(type(c) is not Zero for c in cts)
+    if not any(ct_nonzero):
+        return [None] * len(args)
+    transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
+    fixed = [a for a, lin in zip(args, linear) if not lin]
+    live = [c for c in cts if type(c) is not Zero]
+    outs = iter(eval_graph(transposed, fixed + live) if any(in_nonzero) else ())
+    nonzero = iter(in_nonzero)
+    return [None if not lin else (next(outs) if next(nonzero) else Zero(a.aval))
+            for a, lin in zip(args, linear)]
+
+
+def batch_to_front(graph, size, dims):
+    """`graph` batched over inputs at `dims` (0 or None), every output
+    batched at axis 0. Cached on `graph`."""
+    key = ("vmap-front", size, dims)
+    cached = graph.cache.get(key)
+    if cached is not None:
+        return cached
+    batched, out_dims = batch_graph(graph, size, dims)
+    if all(d == 0 for d in out_dims):
+        result = batched
+    else:
+        def fn(*xs):
+            outs = eval_graph(batched, xs)
+            return [bdim_to_front(o, d, size) for o, d in zip(outs, out_dims)]
+
+        result, captured = stage(fn, batched.in_avals, "vmap")
+        assert not captured
+    graph.cache[key] = result
+    return result
+
+
+def _to_front(vals, dims):
+    return ([v if d is None else moveaxis(v, d, 0) for v, d in zip(vals, dims)],
+            tuple(None if d is None else 0 for d in dims))
+
+
+class _BatchedRule:
+    """Common part of the batched rule objects (NOTE [batched custom
+    rules]). Reusing the vmap's own interpreter is possible only while it
+    runs and is above every value handed to the rule."""
+
+    def __init__(self, inner, size, dims, primal_avals, closure_interps, interp):
+        self.inner = inner
+        self.primal_avals = primal_avals
+        self.size = size
+        self.dims = dims  # per input (consts then primals): 0 or None
+        self.n_closure = inner.n_closure
+        self.closure_interps = closure_interps
+        self.interp = interp
+        self.kind = inner.kind
+        self.name = f"vmap({inner.name})"
+        self.handles = {}
+
+    def __repr__(self):
+        return self.name
+
+    def _enter(self, values):
+        interp = self.interp
+        if interp is None:
+            return new_interpreter(BatchInterpreter(self.size))
+        if not interp.alive or any(isinstance(v, Tracer) and v._interp.level >= interp.level
+                                   for v in values):
+            raise FunctxRuntimeError(
+                f"vmap of the derivative of {self.kind} function `{self.inner.name}`: "
+                "the function closes over a value batched by vmap, and its custom "
+                "rule is needed outside that vmap (e.g. a custom_vjp's bwd, or forward "
+                "mode of a custom_vjp). Pass that value as an explicit argument of the "
+                f"{self.kind} function instead of closing over it."
+            )
+        return contextlib.nullcontext(interp)
+
+    def _out(self, bi, x):
+        if type(x) is Zero:
+            return Zero(x.aval.update(shape=(self.size,) + x.aval.shape))
+        v, d = bi.unbox(x)
+        return bdim_to_front(v, d, self.size)
+
+
+def _batched_rule(cls, rule, size, vals, dims):
+    """The batched rule object for `rule`, cached unless it must keep the
+    closed-over values of this call (see _BatchedRule)."""
+    nc = rule.n_closure
+    primal_avals = _batched_primal_avals(rule, size, dims)
+    if rule.closure_interps is None or nc == 0:
+        key = ("vmap", size, dims)
+        brule = rule.handles.get(key)
+        if brule is None:
+            brule = rule.handles[key] = cls(rule, size, dims, primal_avals,
+                                            rule.closure_interps, None)
+        return brule
+    interp = None
+    for orig, d in zip(rule.closure_interps, dims[:nc]):
+        if d is not None:
+            interp = orig
+            break
+    return cls(rule, size, dims, primal_avals,
+               [v._interp if isinstance(v, Tracer) else None for v in vals[:nc]], interp)
+
+
+def _batched_primal_avals(rule, size, dims):
+    nc = len(dims) - len(rule.primal_avals)
+    return [a if d is None else a.update(shape=(size,) + a.shape)
+            for a, d in zip(rule.primal_avals, dims[nc:])]
+
+
+# --------------------------------------------------------------------------
+# custom_jvp_call
+
+
+def _call_impl(*args, call, num_consts, **params):
+    # Under JAX's tracing (jax.jit, or a lifted JAX function being staged),
+    # a decorator's function goes to its jax.custom_jvp / custom_vjp twin,
+    # so JAX's transforms and functx's lifting still see its rule; that is
+    # possible when it reads no closed-over or nondiff value.
+    rule = params.get("jvp") or params.get("rule")
+    if num_consts == 0 and hasattr(rule, "jax_call") and any(
+            isinstance(a, JaxTracer) for a in args):
+        return rule.jax_call(args)
+    return eval_graph(call, args)
+
+
+def _call_shape(*avals, call, **params):
+    return call.out_avals
+
+
+def _call_transpose(cts, *args, call, **params):
+    # Reached only when a rule applies a custom function to tangents.
+    return graph_transpose(call, cts, args)
+
+
+defimpl(custom_jvp_call, _call_impl)
+shape_rules[custom_jvp_call] = _call_shape
+transpose_rules[custom_jvp_call] = _call_transpose
+
+
+def _custom_jvp_jvp(primals, tangents, *, call, jvp, num_consts, name):
+    _check_closure(tangents, jvp)
+    if all(type(t) is Zero for t in tangents[num_consts:]):
+        outs = bind(custom_jvp_call, *primals, call=call, jvp=jvp, num_consts=num_consts,
+                    name=name)
+        return outs, [Zero.of(o) for o in outs]
+    tape = None
+    for t in tangents:
+        if type(t) is StagingTracer and isinstance(t._interp, Tape):
+            tape, start = t._interp, len(t._interp.eqns)
+            break
+    outs, touts = jvp(list(primals[:num_consts]), list(primals[num_consts:]),
+                      list(tangents[num_consts:]))
+    if tape is not None:
+        _check_tape_linear(tape, start, tangents, jvp)
+    return outs, touts
+
+
+def _check_tape_linear(tape, start, tangents, rule):
+    """Reverse mode transposes what a custom jvp rule does to its tangents
+    (the equations it added to the tape): refuse one it cannot transpose
+    now, naming the rule, rather than at the backward pass."""
+    dependent = {t.var for t in tangents if type(t) is StagingTracer and t._interp is tape}
+    for eqn in tape.eqns[start:]:
+        if any(x in dependent for x in eqn.inputs):
+            if eqn.prim not in transpose_rules:
+                raise MissingRuleError(
+                    f"reverse-mode of {rule.kind} function `{rule.name}`: its jvp rule "
+                    f"applies `{eqn.prim.name}` to a tangent, and `{eqn.prim.name}` has "
+                    "no transpose rule (it is not linear, or functx cannot transpose "
+                    "it). Reverse mode transposes the rule's tangent computation, so it "
+                    "must be linear in the tangents, built from linear operations "
+                    "(+, -, * or / by primal values, dot, sums, indexing, where)."
+                )
+            dependent.update(eqn.outputs)
+
+
+jvp_rules[custom_jvp_call] = _custom_jvp_jvp
+
+
+class _BatchedJVPRule(_BatchedRule):
+    def __call__(self, consts, primals, tangents):
+        nc = len(consts)
+        with self._enter(consts + primals + tangents) as bi:
+            boxed = [bi.box(v, d) for v, d in zip(consts + primals, self.dims)]
+            ts = [t if type(t) is not Zero else
+                  Zero(_unbatched(t.aval) if d is not None else t.aval)
+                  for t, d in zip(tangents, self.dims[nc:])]
+            ts = [bi.box(t, d) if type(t) is not Zero else t
+                  for t, d in zip(ts, self.dims[nc:])]
+            outs, touts = self.inner(boxed[:nc], boxed[nc:], ts)
+            return ([self._out(bi, o) for o in outs], [self._out(bi, t) for t in touts])
+
+
+def _custom_jvp_batch(size, vals, dims, *, call, jvp, num_consts, name):
+    vals, dims = _to_front(vals, dims)
+    rule = _batched_rule(_BatchedJVPRule, jvp, size, vals, dims)
+    outs = bind(custom_jvp_call, *vals, call=batch_to_front(call, size, dims), jvp=rule,
+                num_consts=num_consts, name=f"vmap({name})")
+    return outs, [0] * len(outs)
+
+
+batch_rules[custom_jvp_call] = _custom_jvp_batch
+
+
+# --------------------------------------------------------------------------
+# custom_vjp_call and custom_lin
+
+
+defimpl(custom_vjp_call, _call_impl)
+shape_rules[custom_vjp_call] = _call_shape
+transpose_rules[custom_vjp_call] = _call_transpose
+
+
+class Lin:
+    """The params of one `custom_lin`: which rule's bwd it transposes to,
+    the residuals' structure and avals, which primals have tangents
+    (`nonzero`) and which outputs get one (the floating ones). Interned per
+    rule (`rule.handles`), so equal tapes share it."""
+
+    def __init__(self, rule, res_tree, res_avals, nonzero, out_avals):
+        self.rule = rule
+        self.res_tree = res_tree
+        self.res_avals = res_avals
+        self.nonzero = nonzero
+        self.out_avals = out_avals
+        self.out_float = tuple(is_float(a) for a in out_avals)
+        self.tangent_avals = [a.update(weak_type=False)
+                              for a, f in zip(out_avals, self.out_float) if f]
+        self.forward_graph = None
+
+    def __repr__(self):
+        return f"bwd of {self.rule.name}"
+
+    def bwd(self, res, cts):
+        """Cotangents of the primals that have tangents, from cotangents of
+        the floating outputs."""
+        it = iter(cts)
+        full = [next(it) if f else Zero(a) for a, f in zip(self.out_avals, self.out_float)]
+        in_cts = self.rule.bwd(self.res_tree, list(res), full)
+        return [c for c, nz in zip(in_cts, self.nonzero) if nz]
+
+    def forward(self):
+        """NOTE [forward mode of custom_vjp]: `(graph, captured)`, the graph
+        mapping residuals, captured values and tangents to the output
+        tangents (all instantiated)."""
+        if self.forward_graph is not None:
+            return self.forward_graph
+        nres = len(self.res_avals)
+        n_ct = len(self.tangent_avals)
+        live_avals = [a for a, nz in zip(self.rule.primal_avals, self.nonzero) if nz]
+        what = (f"jvp of {self.rule.kind} function `{self.rule.name}`: functx derives "
+                "forward mode by transposing its bwd rule, which must be linear in "
+                "the cotangents")
+
+        def bwd_fn(*xs):
+            in_cts = self.bwd(xs[:nres], xs[nres:])
+            return [full_zeros(a) if type(c) is Zero else c for c, a in zip(in_cts, live_avals)]
+
+        fix = ("Use reverse mode (grad, vjp, jacrev) for this function, or give it a "
+               "custom_jvp rule.")
+        graph, captured = stage(bwd_fn, list(self.res_avals) + self.tangent_avals,
+                                "custom_vjp bwd")
+        linear = (False,) * nres + (True,) * n_ct + (False,) * len(captured)
+        _check_linear(graph, linear, what, fix)
+        try:
+            transposed, in_nonzero = transpose_graph(graph, linear, (True,) * len(live_avals))
+        except (MissingRuleError, NotImplementedError, AssertionError) as e:
+            raise MissingRuleError(f"{what}; this one is not ({e}). {fix}") from None
+        tangent_avals = self.tangent_avals
+
+        def fwd_fn(*xs):
+            outs = iter(eval_graph(transposed, xs))
+            return [next(outs) if nz else full_zeros(a) for nz, a in zip(in_nonzero, tangent_avals)]
+
+        ordered = list(self.res_avals) + [v.aval for v in graph.inputs[nres + n_ct:]] + live_avals
+        fgraph, more = stage(fwd_fn, ordered, "custom_vjp jvp")
+        assert not more
+        result = (fgraph, captured)
+        if not captured:
+            self.forward_graph = result
+        return result
+
+
+def _check_linear(graph, linear, what, fix):
+    """Refuse a bwd graph that applies a primitive without a transpose
+    rule (so not linear) to a value depending on the cotangents."""
+    from ..interpreters.staging import Var
+
+    dependent = {v for v, lin in zip(graph.inputs, linear) if lin}
+    for eqn in graph.eqns:
+        if any(type(x) is Var and x in dependent for x in eqn.inputs):
+            if eqn.prim not in transpose_rules:
+                raise MissingRuleError(
+                    f"{what}; this one applies `{eqn.prim.name}`, which is not linear, to "
+                    f"a value computed from the cotangents. {fix}"
+                )
+            dependent.update(eqn.outputs)
+
+
+def _custom_vjp_jvp(primals, tangents, *, call, rule, num_consts, name):
+    _check_closure(tangents, rule)
+    nc = num_consts
+    nonzero = tuple(type(t) is not Zero for t in tangents[nc:])
+    if not any(nonzero):
+        outs = bind(custom_vjp_call, *primals, call=call, rule=rule, num_consts=nc, name=name)
+        return outs, [Zero.of(o) for o in outs]
+    outs, res, res_tree = rule.fwd(list(primals[:nc]), list(primals[nc:]))
+    res_avals = tuple(aval_of(r) for r in res)
+    key = (res_tree, res_avals, nonzero)
+    lin = rule.handles.get(key)
+    if lin is None:
+        lin = rule.handles[key] = Lin(rule, res_tree, res_avals, nonzero, call.out_avals)
+    if not any(lin.out_float):
+        return outs, [Zero.of(o) for o in outs]
+    live = [t for t in tangents[nc:] if type(t) is not Zero]
+    touts = iter(bind(custom_lin, *res, *live, lin=lin))
+    return outs, [next(touts) if f else Zero.of(o) for o, f in zip(outs, lin.out_float)]
+
+
+jvp_rules[custom_vjp_call] = _custom_vjp_jvp
+
+
+class _BatchedVJPRule(_BatchedRule):
+    def fwd(self, consts, primals):
+        nc = len(consts)
+        with self._enter(consts + primals) as bi:
+            boxed = [bi.box(v, d) for v, d in zip(consts + primals, self.dims)]
+            outs, res, res_tree = self.inner.fwd(boxed[:nc], boxed[nc:])
+            return ([self._out(bi, o) for o in outs], [self._out(bi, r) for r in res], res_tree)
+
+    def bwd(self, res_tree, res, cts):
+        nc = len(self.dims) - len(self.inner.primal_avals)
+        with self._enter(list(res) + list(cts)) as bi:
+            res_b = [bi.box(r, 0) for r in res]
+            cts_b = [Zero(_unbatched(c.aval)) if type(c) is Zero else bi.box(c, 0) for c in cts]
+            in_cts = self.inner.bwd(res_tree, res_b, cts_b)
+            out = []
+            for c, d in zip(in_cts, self.dims[nc:]):
+                if type(c) is Zero:
+                    out.append(c if d is None else
+                               Zero(c.aval.update(shape=(self.size,) + c.aval.shape)))
+                    continue
+                v, cd = bi.unbox(c)
+                if d is not None:
+                    out.append(bdim_to_front(v, cd, self.size))
+                elif cd is not None:
+                    out.append(reduce_sum(v, (cd,)))
+                else:  # the same cotangent for every example
+                    out.append(mul(v, scalar_like(v, self.size)))
+            return out
+
+
+def _custom_vjp_batch(size, vals, dims, *, call, rule, num_consts, name):
+    vals, dims = _to_front(vals, dims)
+    brule = _batched_rule(_BatchedVJPRule, rule, size, vals, dims)
+    outs = bind(custom_vjp_call, *vals, call=batch_to_front(call, size, dims), rule=brule,
+                num_consts=num_consts, name=f"vmap({name})")
+    return outs, [0] * len(outs)
+
+
+batch_rules[custom_vjp_call] = _custom_vjp_batch
+
+
+def _lin_impl(*args, lin):
+    graph, captured = lin.forward()
+    nres = len(lin.res_avals)
+    return eval_graph(graph, list(args[:nres]) + list(captured) + list(args[nres:]))
+
+
+defimpl(custom_lin, _lin_impl)
+shape_rules[custom_lin] = lambda *avals, lin: lin.tangent_avals
+
+
+def _lin_transpose(cts, *args, lin):
+    nres = len(lin.res_avals)
+    assert not any(is_linear(r) for r in args[:nres]), "custom_lin: residuals are not linear"
+    if all(type(c) is Zero for c in cts):
+        return [None] * len(args)
+    return [None] * nres + lin.bwd(args[:nres], cts)
+
+
+transpose_rules[custom_lin] = _lin_transpose
+
+
+def _lin_jvp(primals, tangents, *, lin):
+    nres = len(lin.res_avals)
+    if all(type(t) is Zero for t in tangents[:nres]):
+        # Linear in the tangent inputs: its derivative is itself.
+        outs = bind(custom_lin, *primals, lin=lin)
+        if all(type(t) is Zero for t in tangents[nres:]):
+            return outs, [Zero.of(o) for o in outs]
+        live = [full_zeros(t.aval) if type(t) is Zero else t for t in tangents[nres:]]
+        return outs, bind(custom_lin, *primals[:nres], *live, lin=lin)
+    graph, captured = lin.forward()
+    args = list(primals[:nres]) + list(captured) + list(primals[nres:])
+    ts = list(tangents[:nres]) + [Zero.of(c) for c in captured] + list(tangents[nres:])
+    return graph_jvp(graph, args, ts)
+
+
+jvp_rules[custom_lin] = _lin_jvp
+
+
+def _lin_batch(size, vals, dims, *, lin):
+    graph, captured = lin.forward()
+    nres = len(lin.res_avals)
+    args = list(vals[:nres]) + list(captured) + list(vals[nres:])
+    all_dims = tuple(dims[:nres]) + (None,) * len(captured) + tuple(dims[nres:])
+    batched, out_dims = batch_graph(graph, size, all_dims)
+    return eval_graph(batched, args), list(out_dims)
+
+
+batch_rules[custom_lin] = _lin_batch
+
+
+# --------------------------------------------------------------------------
+# Lifting JAX's custom_jvp_call / custom_vjp_call (NOTE [lifting])
+
+
+def _graph_of(closed_jaxpr):
+    """A jaxpr as a functx Graph, its equations on literals alone computed
+    as concrete constants (NOTE [constants inside rules] in control.py)."""
+    from ..lifting import graph_of_jaxpr
+
+    with jax.ensure_compile_time_eval():
+        return graph_of_jaxpr(closed_jaxpr)
+
+
+class _LiftedJVPRule:
+    """The jvp rule of a JAX custom_jvp_call: JAX's `jvp_jaxpr_fun`, traced
+    on first use (with every tangent instantiated), as a Graph."""
+
+    kind = "custom_jvp"
+
+    def __init__(self, jvp_jaxpr_fun, num_consts, primal_avals, name):
+        self.fun = jvp_jaxpr_fun
+        self.n_closure = num_consts
+        self.closure_interps = None  # its jaxprs read no closed-over functx value
+        self.primal_avals = primal_avals
+        self.name = name
+        self.graph = None
+        self.handles = {}
+
+    def __repr__(self):
+        return f"jvp of {self.name}"
+
+    def __call__(self, consts, primals, tangents):
+        from jax._src import core as jcore
+
+        if self.graph is None:
+            jaxpr, jconsts, out_zeros = self.fun.call_wrapped(*[False] * len(primals))
+            self.graph = _graph_of(jcore.ClosedJaxpr(jaxpr, jconsts))
+            self.out_zeros = list(out_zeros)
+        ts = [tangent_value(t, a) for t, a in zip(tangents, self.primal_avals)]
+        results = eval_graph(self.graph, list(primals) + ts)
+        n = len(self.out_zeros)
+        outs, touts = results[:n], iter(results[n:])
+        tangents_out = []
+        for o, z in zip(outs, self.out_zeros):
+            t = Zero.of(o) if z else next(touts)
+            if type(t) is not Zero and aval_of(t).dtype == _float0():
+                t = Zero.of(o)
+            tangents_out.append(t)
+        return outs, tangents_out
+
+
+def _float0():
+    return np.dtype(jax.dtypes.float0)
+
+
+class _LiftedVJPRule:
+    """fwd and bwd of a JAX custom_vjp_call: the fwd jaxpr (traced on first
+    use, every input marked perturbed) and JAX's bwd function (traced per
+    residual avals), as Graphs."""
+
+    kind = "custom_vjp"
+
+    def __init__(self, params, primal_avals, name):
+        self.thunk = params["fwd_jaxpr_thunk"]
+        self.jax_bwd_fun = params["bwd"]
+        self.out_trees = params["out_trees"]
+        self.n_closure = params["num_consts"]
+        self.closure_interps = None
+        self.primal_avals = primal_avals
+        self.name = name
+        self.fwd_graph = None
+        self.bwd_graphs = {}
+        self.handles = {}
+
+    def __repr__(self):
+        return f"fwd/bwd of {self.name}"
+
+    def fwd(self, consts, primals):
+        from jax._src import core as jcore
+
+        if self.fwd_graph is None:
+            jaxpr, jconsts = self.thunk.call_wrapped(*[True] * len(primals))
+            out_tree, _, self.forwards = self.out_trees()
+            self.n_out = out_tree.num_leaves
+            self.fwd_graph = _graph_of(jcore.ClosedJaxpr(jaxpr, jconsts))
+        results = eval_graph(self.fwd_graph, list(primals))
+        n_res = len(results) - self.n_out
+        pruned, outs = iter(results[:n_res]), results[n_res:]
+        args = list(consts) + list(primals)
+        res = [next(pruned) if f is None else args[f] for f in self.forwards]
+        return outs, res, None
+
+    def _bwd_graph(self, avals):
+        """JAX's bwd on inputs of `avals` as a Graph, and which of its
+        results are symbolic zeros (not outputs of the graph)."""
+        from jax._src import ad_util
+
+        hit = self.bwd_graphs.get(avals)
+        if hit is None:
+            zeros = []
+
+            def flat(*xs):
+                out = self.jax_bwd_fun.call_wrapped(*xs)
+                zeros[:] = [isinstance(c, ad_util.Zero) for c in out]
+                return [c for c in out if not isinstance(c, ad_util.Zero)]
+
+            closed = jax.make_jaxpr(flat)(*[a.to_jax() for a in avals])
+            hit = self.bwd_graphs[avals] = (_graph_of(closed), list(zeros))
+        return hit
+
+    def bwd(self, res_tree, res, cts):
+        cts = [tangent_value(c, c.aval) if type(c) is Zero else c for c in cts]
+        args = list(res) + cts
+        graph, zeros = self._bwd_graph(tuple(aval_of(x) for x in args))
+        out = iter(eval_graph(graph, args))
+        return [Zero(a) if z else _real_ct(next(out), a) for z, a in zip(zeros, self.primal_avals)]
+
+
+def _real_ct(c, aval):
+    return c if is_float(aval) else Zero(aval)
+
+
+def _jaxpr_name(closed_jaxpr, default):
+    info = getattr(closed_jaxpr.jaxpr, "debug_info", None)
+    return getattr(info, "func_name", None) or default
+
+
+def _in_avals(closed_jaxpr, num_consts):
+    from ..core import Aval
+
+    return [Aval(v.aval.shape, v.aval.dtype, v.aval.weak_type)
+            for v in closed_jaxpr.jaxpr.invars[num_consts:]]
+
+
+def _lift_custom_jvp(params):
+    call_jaxpr = params["call_jaxpr"]
+    nc = params["num_consts"]
+    name = _jaxpr_name(call_jaxpr, "custom_jvp")
+    rule = _LiftedJVPRule(params["jvp_jaxpr_fun"], nc, _in_avals(call_jaxpr, nc), name)
+    return custom_jvp_call, dict(call=_graph_of(call_jaxpr), jvp=rule, num_consts=nc,
+                                 name=name)
+
+
+def _lift_custom_vjp(params):
+    call_jaxpr = params["call_jaxpr"]
+    nc = params["num_consts"]
+    name = _jaxpr_name(call_jaxpr, "custom_vjp")
+    rule = _LiftedVJPRule(params, _in_avals(call_jaxpr, nc), name)
+    return custom_vjp_call, dict(call=_graph_of(call_jaxpr), rule=rule, num_consts=nc,
+                                 name=name)
+
+
+_lift_custom_jvp.primitive = custom_jvp_call
+_lift_custom_vjp.primitive = custom_vjp_call
+
+
+def _register_lift_rules():
+    from ..lifting import LIFT_RULES
+
+    LIFT_RULES["custom_jvp_call"] = _lift_custom_jvp
+    LIFT_RULES["custom_vjp_call"] = _lift_custom_vjp
+
+
+_register_lift_rules()
