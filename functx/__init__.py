@@ -6,6 +6,7 @@ from . import primitives as _primitives  # noqa: F401  (registers every rule)
 from . import numpy, lax, nn, random  # noqa: F401
 from . import _array_api  # noqa: F401  (operators and methods of functx values)
 from . import test_util  # noqa: F401
+from . import autograd  # noqa: F401  (torch.autograd equivalents)
 from .errors import (
     ConcretizationError,
     EscapedTracerError,
@@ -16,6 +17,7 @@ from .errors import (
     JaxOnFunctxValueError,
     MissingRuleError,
 )
+from .custom import custom_jvp, custom_vjp
 from .lifting import lift
 from .transforms import (
     functional_call,
@@ -42,7 +44,8 @@ __version__ = "0.1.0"
 __all__ = [
     "grad", "grad_and_value", "vjp", "jvp", "linearize", "vmap", "jacrev", "jacfwd",
     "hessian", "hvp", "vhp", "jit", "make_graph", "functional_call", "stack_module_state",
-    "named_parameters", "named_buffers", "lift", "numpy", "lax", "nn", "random", "test_util",
+    "named_parameters", "named_buffers", "lift", "custom_jvp", "custom_vjp",
+    "numpy", "lax", "nn", "random", "test_util", "autograd",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
     "JaxOnFunctxValueError",
