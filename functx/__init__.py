@@ -19,6 +19,14 @@ from .errors import (
 )
 from .custom import custom_jvp, custom_vjp
 from .lifting import lift
+from .autograd.grad_mode import (  # noqa: F401  (as torch re-exports them)
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+from .transforms.checkpoint import checkpoint
 from .transforms import (
     functional_call,
     grad,
@@ -45,6 +53,7 @@ __all__ = [
     "grad", "grad_and_value", "vjp", "jvp", "linearize", "vmap", "jacrev", "jacfwd",
     "hessian", "hvp", "vhp", "jit", "make_graph", "functional_call", "stack_module_state",
     "named_parameters", "named_buffers", "lift", "custom_jvp", "custom_vjp",
+    "no_grad", "enable_grad", "set_grad_enabled", "inference_mode", "is_grad_enabled", "checkpoint",
     "numpy", "lax", "nn", "random", "test_util", "autograd",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",

@@ -240,6 +240,10 @@ def missing_rule(prim, transform, hint=""):
 class _ThreadState(threading.local):
     def __init__(self):
         self.stack = []
+        # NOTE [grad modes] (functx/autograd/grad_mode.py): differentiation
+        # interpreters at a level <= no_grad_level do not differentiate;
+        # -1 when no no_grad / set_grad_enabled(False) is active.
+        self.no_grad_level = -1
 
 
 _state = _ThreadState()
@@ -309,6 +313,14 @@ def _escaped(tracer, prim):
     )
 
 
+# NOTE [profiler hook]: None, or set by functx.autograd.profiler while a
+# profile is active: `eager_hook(what, fn, args, params=None)` runs and
+# times `fn(*args, **params)`. Each place that dispatches eager work (bind
+# below, the compiled steps and the backward pass in interpreters/reverse.py
+# and batching.py) tests it once, so unprofiled code pays one lookup.
+eager_hook = None
+
+
 def bind(prim, *args, **params):
     """Apply `prim` to `args`: hand it to the top interpreter among the
     arguments, or run it on JAX values when there is none (NOTE [levels])."""
@@ -325,6 +337,8 @@ def bind(prim, *args, **params):
             impl = impl_rules[prim]
         except KeyError:
             raise missing_rule(prim, "eval") from None
+        if eager_hook is not None:
+            return eager_hook(prim, impl, args, params)
         return impl(*args, **params)
     return top.process(prim, args, params)
 

@@ -19,6 +19,7 @@ multiple results `out` and `out_dim` are lists. `move_bdim` and
 `bdim_to_front` are the helpers for moving batch axes.
 """
 
+from .. import core as _core
 from ..core import Interpreter, Tracer, aval_of, missing_rule, new_interpreter
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
@@ -83,7 +84,8 @@ class BatchInterpreter(Interpreter):
         if concrete:
             step = batched_step(prim, params, vals, tuple(dims), self.axis_size)
             if step is not None:
-                outs = step.fn(*vals)
+                outs = (step.fn(*vals) if _core.eager_hook is None  # NOTE [profiler hook]
+                        else _core.eager_hook(prim, step.fn, vals))
                 boxed = [self.box(o, d) for o, d in zip(outs, step.out_dims)]
                 return boxed if prim.multiple_results else boxed[0]
         rule = batch_rules.get(prim)

@@ -10,7 +10,8 @@ results both outputs are lists. The same rules drive reverse mode
 (interpreters/reverse.py), where the tangents are staged linear values.
 """
 
-from ..core import Interpreter, Tracer, Zero, aval_of, missing_rule, new_interpreter
+from ..core import Interpreter, Tracer, Zero, aval_of, bind, missing_rule, new_interpreter
+from ..core import _state as _core_state
 from .staging import eval_graph, split_known, stage
 
 jvp_rules = {}  # Primitive -> rule
@@ -53,6 +54,8 @@ class JVPInterpreter(Interpreter):
         return x, Zero.of(x)
 
     def process(self, prim, args, params):
+        if self.level <= _core_state.no_grad_level:  # NOTE [grad modes]
+            return self.process_no_grad(prim, args, params)
         own = self.tracer_type
         primals = []
         tangents = []
@@ -64,6 +67,12 @@ class JVPInterpreter(Interpreter):
                 primals.append(a)
                 tangents.append(Zero.of(a))
         return self.apply_rule(prim, primals, tangents, params)
+
+    def process_no_grad(self, prim, args, params):
+        """NOTE [grad modes]: inside a no_grad entered while this transform
+        was active, apply `prim` to the primals only: its outputs are
+        constants for this level (symbolic Zero tangents)."""
+        return bind(prim, *[self.unbox(a)[0] for a in args], **params)
 
     def apply_rule(self, prim, primals, tangents, params):
         rule = jvp_rules.get(prim)

@@ -43,8 +43,10 @@ and the others are the constant values; `ct` is a list for primitives with
 multiple results (with `Zero` where an output got no cotangent).
 """
 
+from .. import core as _core
 from ..core import Aval, Zero, aval_of, bind, missing_rule
 from ..core import _ArrayImpl as ArrayImpl
+from ..core import _state as _core_state
 from ..errors import FunctxError
 from .eval import RepeatCache, compiled
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
@@ -62,6 +64,21 @@ from .staging import (
 
 transpose_rules = {}  # Primitive -> rule
 
+# NOTE [tape hooks]
+# functx.autograd watches the tape through these two hooks (saved_tensors_hooks
+# and save_on_cpu in autograd/graph.py, anomaly mode in
+# autograd/anomaly_mode.py). Both are empty / None unless one of those is
+# active, so the hot path pays one truth test.
+# * `tape_observers`: callables `f(tape, start, prim)` run after the reverse
+#   interpreter has recorded the linear equations of one application of the
+#   forward primitive `prim` (tape.eqns[start:]). They may rewrite those
+#   equations' inputs in place and set `tape.prepare`, a `graph -> graph`
+#   function that `LinearMap` applies before every use of the recorded graph.
+# * `backward_check`: `f(eqn, ct, in_cts)`, run after each transpose rule of
+#   `backward_pass`; when set, the compiled backward pass is not used.
+tape_observers = []
+backward_check = None
+
 
 class ReverseTracer(JVPTracer):
     """A primal with a *linear* tangent: a tracer of the interpreter's tape."""
@@ -72,6 +89,9 @@ class ReverseTracer(JVPTracer):
 class _Tape(StagingInterpreter):
     """The linear graph of a reverse interpreter: lives at its level and
     dies with it."""
+
+    prepare = None  # NOTE [tape hooks]
+    blocks_grad = False  # NOTE [grad modes]: the tape records tangents only
 
     def __init__(self, owner):
         super().__init__(owner.transform)
@@ -133,6 +153,17 @@ class ReverseInterpreter(JVPInterpreter):
         return primal
 
     def process(self, prim, args, params):
+        if self.level <= _core_state.no_grad_level:  # NOTE [grad modes]
+            return self.process_no_grad(prim, args, params)
+        if not tape_observers:
+            return self._process(prim, args, params)
+        start = len(self.tape.eqns)  # NOTE [tape hooks]
+        out = self._process(prim, args, params)
+        for observe in tape_observers:
+            observe(self.tape, start, prim)
+        return out
+
+    def _process(self, prim, args, params):
         primals, tangents, differentiated = [], [], []
         concrete = True
         for a in args:
@@ -151,7 +182,8 @@ class ReverseInterpreter(JVPInterpreter):
             step = fused_step(prim, params, primals, tuple(differentiated))
             if step is not None:
                 split = step.split
-                outs = step.primal(*primals)
+                outs = (step.primal(*primals) if _core.eager_hook is None  # NOTE [profiler hook]
+                        else _core.eager_hook(prim, step.primal, primals))
                 live = [t for t, d in zip(tangents, differentiated) if d]
                 out_tangents = iter(self.tape.inline(
                     split.tangent, split.residuals(primals, outs) + live))
@@ -179,7 +211,7 @@ class ReverseInterpreter(JVPInterpreter):
             else:
                 zero_avals.append(aval_of(o))
         graph = dce(self.tape.graph([x.tangent for x in inputs], live))
-        return LinearMap(graph, zero_avals)
+        return LinearMap(graph, zero_avals, self.tape.prepare)
 
 
 class FusedStep:
@@ -282,23 +314,33 @@ class LinearMap:
     """A linear function recorded by reverse mode: a graph plus the outputs
     that are symbolic zeros (`zero_avals[i]` is their Aval, else None)."""
 
-    __slots__ = ("graph", "zero_avals")
+    __slots__ = ("graph", "zero_avals", "prepare")
 
-    def __init__(self, graph, zero_avals):
+    def __init__(self, graph, zero_avals, prepare=None):
         self.graph = graph
         self.zero_avals = zero_avals
+        self.prepare = prepare  # NOTE [tape hooks]
+
+    def _graph(self):
+        return self.graph if self.prepare is None else self.prepare(self.graph)
 
     def forward(self, tangents):
         """Evaluate the map on input tangents."""
-        vals = iter(eval_graph(self.graph, tangents))
+        vals = iter(eval_graph(self._graph(), tangents))
         return [next(vals) if z is None else Zero(z) for z in self.zero_avals]
 
     def backward(self, cts):
         """Transpose: output cotangents (Zero allowed) to input cotangents
         (Zero where none arrived)."""
+        if _core.eager_hook is not None:  # NOTE [profiler hook]: a "backward" range
+            return _core.eager_hook("backward", self._backward, (cts,))
+        return self._backward(cts)
+
+    def _backward(self, cts):
         live = [c for c, z in zip(cts, self.zero_avals, strict=True) if z is None]
-        out = compiled_backward(self.graph, live)
-        return backward_pass(self.graph, live) if out is None else out
+        graph = self._graph()
+        out = compiled_backward(graph, live) if backward_check is None else None
+        return backward_pass(graph, live) if out is None else out
 
 
 _add_any = None
@@ -365,6 +407,8 @@ def backward_pass(graph, cts, known=None):
         else:
             args = [x if type(x) is Var else x.value for x in eqn.inputs]
         in_cts = rule(ct, *args, **eqn.params)
+        if backward_check is not None:  # NOTE [tape hooks]
+            backward_check(eqn, ct, in_cts)
         for x, c in zip(eqn.inputs, in_cts, strict=True):
             if type(x) is Var and c is not None and type(c) is not Zero:
                 accumulate(x, c)

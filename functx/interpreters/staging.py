@@ -13,6 +13,7 @@ primitive) give the output avals of staged equations.
 
 import itertools
 
+from ..core import _state as _core_state
 from ..core import (
     Aval,
     Interpreter,
@@ -285,6 +286,7 @@ class StagingInterpreter(Interpreter):
     """Records every primitive applied to its tracers as an equation."""
 
     transform = "staging"
+    blocks_grad = True  # NOTE [grad modes]; False for reverse mode's tape
 
     def __init__(self, transform="staging"):
         super().__init__()
@@ -314,10 +316,30 @@ class StagingInterpreter(Interpreter):
         if prim.multiple_results:
             outs = [StagingTracer(self, Var(a)) for a in out_avals]
             self.eqns.append(Eqn(prim, inputs, [t.var for t in outs], params))
+            if self.level <= _core_state.no_grad_level and self.blocks_grad:
+                return [self._stop_gradient(o) for o in outs]
             return outs
         out = StagingTracer(self, Var(out_avals))
         self.eqns.append(Eqn(prim, inputs, [out.var], params))
+        if self.level <= _core_state.no_grad_level and self.blocks_grad:
+            return self._stop_gradient(out)
         return out
+
+    def _stop_gradient(self, out):
+        """NOTE [grad modes]: an operation staged inside a no_grad entered
+        while this staging was active (user code under functx.jit) must stay
+        non-differentiable when the graph is differentiated later: its
+        floating outputs go through stop_gradient in the graph."""
+        import numpy as np
+
+        from ..primitives.elementwise import stop_gradient_p
+
+        aval = out.var.aval
+        if not isinstance(aval.dtype, np.dtype) or not np.issubdtype(aval.dtype, np.inexact):
+            return out
+        res = StagingTracer(self, Var(aval))
+        self.eqns.append(Eqn(stop_gradient_p, [out.var], [res.var], {}))
+        return res
 
     def concrete(self, tracer):
         raise ConcretizationError(
