@@ -199,11 +199,13 @@ for _name, _gen in [
     ("ceil", U(S)), ("floor", U(S)), ("rint", U(S)), ("round", U(S)), ("around", U(S)),
     ("trunc", U(S)), ("sign", Away(S)), ("signbit", U(S)), ("isfinite", U(S)),
     ("isinf", U(S)), ("isnan", WithNaN(S)), ("isneginf", U(S)), ("isposinf", U(S)),
-    ("spacing", U(S)), ("invert", I(S, 0, 100)), ("bitwise_not", I(S, 0, 100)),
+    ("invert", I(S, 0, 100)), ("bitwise_not", I(S, 0, 100)),
     ("bitwise_invert", I(S, 0, 100)), ("bitwise_count", I(S, 0, 100)),
     ("logical_not", B(S)),
 ]:
     op(f"jnp.{_name}", getattr(jnp, _name), [_gen], nondiff=True)
+# nextafter underneath, which has no derivative (in JAX either): batching only
+op("jnp.spacing", jnp.spacing, [U(S)], diff=())
 
 # -- elementwise binary
 
@@ -227,7 +229,7 @@ op("jnp.ldexp", jnp.ldexp, [U(S), I(S, -3, 4)])
 op("jnp.divmod", lambda x, y: jnp.divmod(x, y)[1], [U(S), U(S, 1.1, 2.0)])
 op("jnp.floor_divide", jnp.floor_divide, [U(S), U(S, 1.1, 2.0)], nondiff=True)
 op("jnp.heaviside", jnp.heaviside, [Away(S), U(S)], nondiff=True)
-op("jnp.nextafter", jnp.nextafter, [U(S), U(S)], nondiff=True)
+op("jnp.nextafter", jnp.nextafter, [U(S), U(S)], diff=())  # no derivative in JAX either
 
 for _name, _g0, _g1 in [
     ("equal", I(S, 0, 3), I(S, 0, 3)), ("not_equal", U(S), U(S)), ("less", U(S), U(S)),
@@ -461,7 +463,8 @@ op("jnp.polyint", lambda p: jnp.polyint(p, k=1.0), [U((3,))])
 op("jnp.polyval", jnp.polyval, [U((3,)), U((2,))])
 op("jnp.polyfit", lambda x, y: jnp.polyfit(x, y, 1), [Sorted((4,)), U((4,))])
 op("jnp.roots", lambda p: _ri(jnp.roots(p, strip_zeros=False)),
-   [lambda rng: np.poly(rng.uniform(-2, 2, 1) + np.array([0.0, 1.0, 2.5]))], fd=False)
+   [lambda rng: np.poly(rng.uniform(-2, 2, 1) + np.array([0.0, 1.0, 2.5]))], fd=False,
+   order=1)  # eig underneath: first order in JAX
 op("jnp.vander", lambda x: jnp.vander(x, 3), [U((3,))])
 
 # -- constructors (functions of shapes only are checked as constants of a
@@ -514,7 +517,7 @@ op("linalg.diagonal", L.diagonal, [U((2, 3, 3))])
 # batching only; eigvals is differentiated
 op("linalg.eig", lambda a: _ri(L.eig(a)[0]), [RealEig(3)], diff=())
 op("linalg.eigh", lambda a: (L.eigh(a)[0], jnp.abs(L.eigh(a)[1])), [Sym(3)])
-op("linalg.eigvals", lambda a: _ri(L.eigvals(a)), [RealEig(3)])
+op("linalg.eigvals", lambda a: _ri(L.eigvals(a)), [RealEig(3)], order=1)  # eig: first order in JAX
 op("linalg.eigvalsh", L.eigvalsh, [Sym(3)])
 op("linalg.inv", L.inv, [WellCond(3)])
 op("linalg.lstsq", lambda a, b: L.lstsq(a, b)[0], [WellCond(4, 2), U((4,))])
@@ -747,15 +750,14 @@ for _op in OPS:
 # fails the sweep, so this table only ever shrinks).
 
 XFAIL = {
-    "jnp.spacing": "functx bug: the jvp of nextafter is zero, but nextafter(x, y) moves "
-                   "with x (JAX raises instead); spacing = nextafter(x, inf) - x then gets "
-                   "derivative -1 instead of 0",
-    "jnp.roots": "pending: eig (functx refuses the eigenvalue-only derivative JAX defines)",
-    "linalg.eigvals": "pending: eig (functx refuses the eigenvalue-only derivative JAX defines)",
-    "special.exp1": "pending: custom_jvp_call (order-dependent: tracer leak from expn's "
-                    "jitted jvp rule, traced under one jax.jit and reused under another)",
-    "special.expn": "pending: custom_jvp_call (order-dependent: tracer leak from expn's "
-                    "jitted jvp rule, traced under one jax.jit and reused under another)",
+    "special.exp1": "order-dependent: expn (under exp1) is a jitted custom_jvp whose "
+                    "nondiff order n is traced; its lazily traced jvp rule closes over that "
+                    "JAX tracer of the finished lifting trace, which leaks when the rule is "
+                    "first needed under another jax.jit",
+    "special.expn": "order-dependent: expn is a jitted custom_jvp whose nondiff order n is "
+                    "traced; its lazily traced jvp rule closes over that JAX tracer of the "
+                    "finished lifting trace, which leaks when the rule is first needed under "
+                    "another jax.jit",
 }
 # Failures that depend on which tests ran before (state cached across
 # traces) cannot be strict.

@@ -247,7 +247,8 @@ defjvp(
 )
 
 nextafter_p = _binary("nextafter", lax.nextafter_p)
-defzero_jvp(nextafter_p)
+# (its jvp is declared below, with no_derivative: nextafter(x, y) moves
+# with x, so a zero tangent would be wrong, e.g. for jnp.spacing)
 
 
 def _abs_shape(x):
@@ -431,6 +432,8 @@ defjvp(
     lambda t, m, x: mul(t, polygamma(add(m, scalar_like(m, 1)), x)),
 )
 defjvp(digamma_p, lambda t, x: mul(t, polygamma(scalar_like(x, 1), x)))
+defjvp(nextafter_p, no_derivative("nextafter", "first argument"),
+       no_derivative("nextafter", "second argument"))
 
 igamma_grad_a_p = _binary("igamma_grad_a", lax.igamma_grad_a_p)
 
