@@ -103,6 +103,19 @@ class SplitJVP:
         return [primals[i] if i >= 0 else next(extra) for i in self.res_src]
 
 
+def graph_jvp_pairs(graph, nonzero, args):
+    """Run `graph` under a fresh jvp interpreter: `args` are its inputs
+    followed by one tangent per input with `nonzero[i]`; returns one
+    (primal, tangent) pair per output (tangents may be Zero). The shared
+    step of every rule that differentiates a whole graph."""
+    n = len(graph.inputs)
+    tangents = iter(args[n:])
+    with new_interpreter(JVPInterpreter()) as jv:
+        boxed = [jv.box(p, next(tangents)) if nz else p
+                 for p, nz in zip(args[:n], nonzero, strict=True)]
+        return [jv.unbox(o) for o in eval_graph(graph, boxed)]
+
+
 def jvp_graph(graph, nonzero):
     """The jvp of a staged graph as a `SplitJVP`: a primal part and a tangent
     part linear in the tangents, so reverse mode can stage the tangent part
@@ -116,11 +129,7 @@ def jvp_graph(graph, nonzero):
     out_nonzero = []
 
     def fn(*args):
-        tangents = iter(args[n:])
-        with new_interpreter(JVPInterpreter()) as jv:
-            boxed = [jv.box(p, next(tangents)) if nz else p
-                     for p, nz in zip(args[:n], nonzero, strict=True)]
-            pairs = [jv.unbox(o) for o in eval_graph(graph, boxed)]
+        pairs = graph_jvp_pairs(graph, nonzero, args)
         out_nonzero[:] = [type(t) is not Zero for _, t in pairs]
         return [p for p, _ in pairs] + [t for _, t in pairs if type(t) is not Zero]
 

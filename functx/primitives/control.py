@@ -59,7 +59,7 @@ from ..core import Aval, Tracer, Zero, aval_of, bind, new_interpreter
 from ..errors import MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
 from ..interpreters.eval import defimpl
-from ..interpreters.jvp import JVPInterpreter
+from ..interpreters.jvp import graph_jvp_pairs
 from ..interpreters.reverse import transpose_graph
 from ..interpreters.staging import Graph, StagingTracer, Var, eval_graph, split_known, stage
 from ..lifting import LIFT_RULES, Macro, graph_of_jaxpr
@@ -136,15 +136,10 @@ def _jvp_full(graph, nonzero, inst):
     hit = graph.cache.get(key)
     if hit is not None:
         return hit
-    n = len(graph.inputs)
     out_nz = []
 
     def fn(*args):
-        tangents = iter(args[n:])
-        with new_interpreter(JVPInterpreter()) as jv:
-            boxed = [jv.box(p, next(tangents)) if nz else p
-                     for p, nz in zip(args[:n], nonzero, strict=True)]
-            pairs = [jv.unbox(o) for o in eval_graph(graph, boxed)]
+        pairs = graph_jvp_pairs(graph, nonzero, args)
         outs, tans = [p for p, _ in pairs], []
         for (p, t), want in zip(pairs, inst, strict=True):
             if type(t) is Zero:

@@ -32,11 +32,11 @@ so their derivatives flow as usual.
 import jax
 from jax import tree_util
 
-from ..core import Tracer, Zero, bind, new_interpreter
+from ..core import Tracer, Zero, bind
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.batching import batch_rules, batch_graph
 from ..interpreters.eval import defimpl
-from ..interpreters.jvp import JVPInterpreter, jvp_rules
+from ..interpreters.jvp import graph_jvp_pairs, jvp_rules
 from ..interpreters.reverse import transpose_graph, transpose_rules
 from ..interpreters.staging import eval_graph, is_linear, shape_rules, stage
 from ..primitives.common import defprim
@@ -68,15 +68,10 @@ def _tangent_graph(graph, nonzero):
     cached = graph.cache.get(key)
     if cached is not None:
         return cached
-    n = len(graph.inputs)
     out_nonzero = []
 
     def fn(*args):
-        tangents = iter(args[n:])
-        with new_interpreter(JVPInterpreter()) as jv:
-            boxed = [jv.box(p, next(tangents)) if nz else p
-                     for p, nz in zip(args[:n], nonzero, strict=True)]
-            outs = [jv.unbox(o)[1] for o in eval_graph(graph, boxed)]
+        outs = [t for _, t in graph_jvp_pairs(graph, nonzero, args)]
         out_nonzero[:] = [type(t) is not Zero for t in outs]
         return [t for t in outs if type(t) is not Zero]
 
