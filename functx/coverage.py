@@ -382,9 +382,9 @@ def report(missing=False, verbose=False, out=sys.stdout, namespaces=None):
                 for name, why in untraceable.items():
                     print(f"  {name}: {why}", file=out)
     if missing:
-        print("\nmissing:", file=out)
-        for p, s in statuses.items():
-            lacking = [m for m, v in s.items() if v is False]
+        lacks = {p: [m for m, v in s.items() if v is False] for p, s in statuses.items()}
+        print("\nmissing:" if any(lacks.values()) else "\nmissing: none", file=out)
+        for p, lacking in lacks.items():
             if lacking:
                 users = [f"{ns.rsplit('.', 1)[-1]}.{f}" for ns, (traced, _, _) in per_ns.items()
                          for f, ps in traced.items() if p in ps]

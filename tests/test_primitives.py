@@ -65,10 +65,11 @@ def _prepare(op):
     placement, (batched inputs, the loop's stacked results)."""
     case = sweep.prepare(op)
     d = case.data
-    vmap_inputs = [
-        (inputs, tree_util.tree_map(lambda *xs: jnp.stack(xs), *[op.fn(*row) for row in rows]))
-        for inputs, rows in zip(d["batched"], d["rows"])
-    ]
+    vmap_inputs = []
+    for inputs, k in zip(d["batched"], case.loop_index):
+        mask = case.loop_masks[k]
+        rows = [op.fn(*[x if m else a for a, x, m in zip(d["args"], draw, mask)]) for draw in d["draws"]]
+        vmap_inputs.append((inputs, tree_util.tree_map(lambda *xs: jnp.stack(xs), *rows)))
     return d["args"], d["tangents"], d["cts"], d["cts2"], d["batched_cts"], case.placements, vmap_inputs
 
 
@@ -81,7 +82,7 @@ def _checks(op, args, tangents, cts, cts2, batched_cts, placements, vmap_inputs)
     data = dict(args=args, tangents=tangents, cts=cts, cts2=cts2, batched_cts=batched_cts,
                 batched=[i for i, _ in vmap_inputs], loops=[lp for _, lp in vmap_inputs])
     case = sweep.Case(op, diff, nondiff, op.order, True, True, sweep.SECOND_ORDER,
-                      list(placements) if op.batch else [], "loop", data)
+                      list(placements) if op.batch else [], "loop", [], [], data)
     return sweep.checks(case, data)
 
 
