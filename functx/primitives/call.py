@@ -51,31 +51,39 @@ def _jvp(primals, tangents, *, graph, name):
                   for o, nz in zip(outs, split.out_nonzero)]
 
 
-def _transpose(cts, *args, graph, name):
-    linear = tuple(is_linear(a) for a in args)
-    ct_nonzero = tuple(type(c) is not Zero for c in cts)
-    if not any(ct_nonzero):
-        return [None] * len(args)
-    transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
-    fixed = [a for a, lin in zip(args, linear) if not lin]
-    live = [c for c in cts if type(c) is not Zero]
-    outs = iter(bind(jit_call, *fixed, *live, graph=transposed, name=f"transpose({name})")
-                if any(in_nonzero) else ())
-    nonzero = iter(in_nonzero)
-    result = []
-    for a, lin in zip(args, linear):
-        if not lin:
-            result.append(None)
-        else:
-            result.append(next(outs) if next(nonzero) else Zero(a.aval))
-    return result
+def graph_transpose_rule(prim):
+    """The transpose rule of a primitive `prim(*args, graph, name)` that
+    applies a staged graph: bind `prim` again on the transposed graph
+    (shared by jit_call and checkpoint_call)."""
+
+    def rule(cts, *args, graph, name):
+        linear = tuple(is_linear(a) for a in args)
+        ct_nonzero = tuple(type(c) is not Zero for c in cts)
+        if not any(ct_nonzero):
+            return [None] * len(args)
+        transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
+        fixed = [a for a, lin in zip(args, linear) if not lin]
+        live = [c for c in cts if type(c) is not Zero]
+        outs = iter(bind(prim, *fixed, *live, graph=transposed, name=f"transpose({name})")
+                    if any(in_nonzero) else ())
+        nonzero = iter(in_nonzero)
+        return [None if not lin else (next(outs) if next(nonzero) else Zero(a.aval))
+                for a, lin in zip(args, linear)]
+
+    return rule
 
 
-def _batch(axis_size, vals, dims, *, graph, name):
-    batched, out_dims = batch_graph(graph, axis_size, tuple(dims))
-    return bind(jit_call, *vals, graph=batched, name=f"vmap({name})"), list(out_dims)
+def graph_batch_rule(prim):
+    """The batching rule of a graph-applying primitive: bind `prim` again
+    on the batched graph."""
+
+    def rule(axis_size, vals, dims, *, graph, name):
+        batched, out_dims = batch_graph(graph, axis_size, tuple(dims))
+        return bind(prim, *vals, graph=batched, name=f"vmap({name})"), list(out_dims)
+
+    return rule
 
 
 jvp_rules[jit_call] = _jvp
-transpose_rules[jit_call] = _transpose
-batch_rules[jit_call] = _batch
+transpose_rules[jit_call] = graph_transpose_rule(jit_call)
+batch_rules[jit_call] = graph_batch_rule(jit_call)

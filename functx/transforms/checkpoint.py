@@ -34,11 +34,12 @@ from jax import tree_util
 
 from ..core import Tracer, Zero, bind
 from ..errors import FunctxTypeError, FunctxValueError
-from ..interpreters.batching import batch_rules, batch_graph
+from ..interpreters.batching import batch_rules
 from ..interpreters.eval import defimpl
 from ..interpreters.jvp import graph_jvp_pairs, jvp_rules
-from ..interpreters.reverse import transpose_graph, transpose_rules
-from ..interpreters.staging import eval_graph, is_linear, shape_rules, stage
+from ..interpreters.reverse import transpose_rules
+from ..interpreters.staging import eval_graph, shape_rules, stage
+from ..primitives.call import graph_batch_rule, graph_transpose_rule
 from ..primitives.common import defprim
 
 __all__ = ["checkpoint", "checkpoint_call"]
@@ -96,29 +97,9 @@ def _jvp(primals, tangents, *, graph, name):
     return outs, [next(out_tangents) if nz else Zero.of(o) for o, nz in zip(outs, out_nonzero)]
 
 
-def _transpose(cts, *args, graph, name):
-    linear = tuple(is_linear(a) for a in args)
-    ct_nonzero = tuple(type(c) is not Zero for c in cts)
-    if not any(ct_nonzero):
-        return [None] * len(args)
-    transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
-    fixed = [a for a, lin in zip(args, linear) if not lin]
-    live = [c for c in cts if type(c) is not Zero]
-    outs = iter(bind(checkpoint_call, *fixed, *live, graph=transposed,
-                     name=f"transpose({name})") if any(in_nonzero) else ())
-    nonzero = iter(in_nonzero)
-    return [None if not lin else (next(outs) if next(nonzero) else Zero(a.aval))
-            for a, lin in zip(args, linear)]
-
-
-def _batch(axis_size, vals, dims, *, graph, name):
-    batched, out_dims = batch_graph(graph, axis_size, tuple(dims))
-    return bind(checkpoint_call, *vals, graph=batched, name=f"vmap({name})"), list(out_dims)
-
-
 jvp_rules[checkpoint_call] = _jvp
-transpose_rules[checkpoint_call] = _transpose
-batch_rules[checkpoint_call] = _batch
+transpose_rules[checkpoint_call] = graph_transpose_rule(checkpoint_call)
+batch_rules[checkpoint_call] = graph_batch_rule(checkpoint_call)
 
 
 def _is_array(x):
