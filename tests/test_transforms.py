@@ -251,6 +251,61 @@ def test_hessian_hvp_vhp_match_jax():
     close(hv2, (jh[0][0] @ V + jh[0][1] @ X, jh[1][0] @ V + jh[1][1] @ X))
 
 
+def _dots(fn, *args):
+    """Output shapes of the dot_generals in the staged program of fn."""
+    graph = fx.make_graph(fn)(*args)
+    return [e.outputs[0].aval.shape for e in graph.eqns if e.prim.name == "dot_general"]
+
+
+W45 = jnp.asarray(rng.uniform(-1, 1, (4, 5)))
+
+
+def test_identity_bases_are_not_multiplied():
+    # NOTE [identity bases]: a product with the identity basis is the other
+    # operand's slice; results against JAX (which does multiply), and the
+    # staged programs lose exactly the basis products.
+    def lin(x):
+        return W45 @ x
+
+    def lin_t(x):  # basis on the left, contracting a transposed operand
+        return x @ W45.T
+
+    def energy(x):
+        return fnp.tanh(W45 @ x).sum()
+
+    x5 = jnp.asarray(rng.uniform(-1, 1, (5,)))
+    for jac, jjac in ((fx.jacfwd, jax.jacfwd), (fx.jacrev, jax.jacrev)):
+        for f in (lin, lin_t):
+            close(jac(f)(x5), jjac(f)(x5))
+            assert _dots(jac(f), x5) == [(4,)]  # only the primal product is left
+    close(fx.hessian(energy)(x5), jax.hessian(energy)(x5))
+    # the value, the gradient and one dense n^2 m product (no W @ identity)
+    assert _dots(fx.hessian(energy), x5) == [(4,), (5,), (5, 5)]
+    # a matrix input (both axes contracted, in swapped order), reshape and a dtype cast
+    m = jnp.asarray(rng.uniform(-1, 1, (2, 3)))
+    w = jnp.asarray(rng.uniform(-1, 1, (3, 2, 4)))
+
+    def tensor(m):
+        return fnp.einsum("ij,jik->k", m, w) + (fnp.reshape(m, (6,)).astype(jnp.float32)
+                                                 @ jnp.ones((6, 4), jnp.float32)).astype(m.dtype)
+
+    for jac, jjac in ((fx.jacfwd, jax.jacfwd), (fx.jacrev, jax.jacrev)):
+        close(jac(tensor)(m), jjac(tensor)(m), rtol=1e-6)
+    assert _dots(fx.jacfwd(tensor), m) == [(4,), (4,)]
+    # several inputs: the second input's rows start at 5 (zero rows before)
+    def two(x, m):
+        return W45 @ x + fnp.einsum("ij,jik->k", m, w)
+
+    for jac, jjac in ((fx.jacfwd, jax.jacfwd), (fx.jacrev, jax.jacrev)):
+        close(jac(two, argnums=(0, 1))(x5, m), jjac(two, argnums=(0, 1))(x5, m))
+        close(staged(jac(two, argnums=(0, 1)))(x5, m), jjac(two, argnums=(0, 1))(x5, m))
+        close(fx.jit(jac(two, argnums=(0, 1)))(x5, m), jjac(two, argnums=(0, 1))(x5, m))
+    # under an outer vmap (the basis is not batched by it) and an outer jacfwd
+    xs = jnp.asarray(rng.uniform(-1, 1, (3, 5)))
+    close(fx.vmap(fx.jacfwd(energy))(xs), jax.vmap(jax.jacfwd(energy))(xs))
+    close(fx.jacfwd(fx.jacfwd(energy))(x5), jax.hessian(energy)(x5))
+
+
 # --------------------------------------------------------------------------
 # Compositions
 

@@ -17,6 +17,20 @@ Rule convention: `rule(axis_size, vals, dims, **params) -> (out, out_dim)`
 where `dims[i]` is the batch axis of `vals[i]` or None; for primitives with
 multiple results `out` and `out_dim` are lists. `move_bdim` and
 `bdim_to_front` are the helpers for moving batch axes.
+
+NOTE [identity bases]
+jacfwd pushes the rows of the identity through vmap(jvp), and jacrev pulls
+them through vmap(vjp). The first linear map they meet multiplies a matrix
+by that identity: for a Hessian of an n-vector function that is an n^3
+product as big as the real work (JAX and torch.func both pay it). A
+`BatchTracer` made from such a basis carries `basis`: its batch element i
+is the unit vector at flat position `i - basis` of the unbatched value (zero
+when that is out of range). Primitives with an entry in `basis_rules` use it
+(dot_general returns the other operand's slice, reshape and
+convert_element_type keep the mark); every other rule sees the ordinary
+materialised array, which XLA drops when nothing uses it. The shortcut
+differs from the dense product only where the other operand holds infinities
+or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """
 
 from .. import core as _core
@@ -27,16 +41,20 @@ from .eval import RepeatCache, compiled
 from .staging import eval_graph, one_equation_graph, stage
 
 batch_rules = {}  # Primitive -> rule
+# Primitive -> rule(axis_size, vals, dims, bases, **params) returning
+# (out, out_dim, basis) or None for "use the batching rule": NOTE [identity bases]
+basis_rules = {}
 
 
 class BatchTracer(Tracer):
-    __slots__ = ("val", "bdim", "_aval")
+    __slots__ = ("val", "bdim", "_aval", "basis")
 
-    def __init__(self, interp, val, bdim):
+    def __init__(self, interp, val, bdim, basis=None):
         self._interp = interp
         self.val = val
         self.bdim = bdim
         self._aval = None
+        self.basis = basis  # NOTE [identity bases]
 
     @property
     def aval(self):
@@ -71,16 +89,25 @@ class BatchInterpreter(Interpreter):
         vals = []
         dims = []
         concrete = True
+        bases = None
         for a in args:
             if type(a) is BatchTracer and a._interp is self:
                 v = a.val
                 dims.append(a.bdim)
+                if a.basis is not None:
+                    bases = bases or [None] * len(args)
+                    bases[len(vals)] = a.basis
             else:
                 v = a
                 dims.append(None)
             vals.append(v)
             if type(v) is not ArrayImpl:
                 concrete = False
+        if bases is not None and prim in basis_rules:
+            done = basis_rules[prim](self.axis_size, vals, dims, bases, **params)
+            if done is not None:
+                out, out_dim, basis = done
+                return BatchTracer(self, out, out_dim, basis)
         if concrete:
             step = batched_step(prim, params, vals, tuple(dims), self.axis_size)
             if step is not None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core import Aval, Primitive, Zero, aval_of, bind, is_key_dtype
 from ..errors import FunctxTypeError, FunctxValueError
-from ..interpreters.batching import batch_rules
+from ..interpreters.batching import basis_rules, batch_rules
 from ..interpreters.eval import lower_to_jax
 from ..interpreters.jvp import jvp_rules
 from ..interpreters.reverse import transpose_rules
@@ -18,7 +18,7 @@ from ..interpreters.staging import is_linear, shape_rules
 
 __all__ = [
     "Zero", "aval_of", "bind", "is_linear",
-    "jvp_rules", "transpose_rules", "batch_rules", "shape_rules",
+    "jvp_rules", "transpose_rules", "batch_rules", "basis_rules", "shape_rules",
     "defprim", "scalar_like", "defjvp", "defjvp_out", "defzero_jvp",
     "add_tangents", "broadcast_to_shape", "unbroadcast", "unary_batch",
     "broadcasting_batch", "moveaxis", "bdim_to_front", "same_aval",

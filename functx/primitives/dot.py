@@ -9,6 +9,7 @@ from jax import lax
 
 from ..core import Aval, aval_of, bind
 from .common import (
+    basis_rules,
     batch_rules,
     defjvp,
     defprim,
@@ -18,6 +19,7 @@ from .common import (
     transpose_rules,
 )
 from . import structural as st
+from .elementwise import convert_element_type
 
 dot_general_p = defprim("dot_general", lax.dot_general_p)
 
@@ -188,3 +190,39 @@ def _broadcast_pays(size, x, y, xd, yd, lc, rc, lb, rb):
 
 
 batch_rules[dot_general_p] = _dot_batch
+
+
+def _dot_basis(size, vals, dims, bases, *, dimension_numbers, precision, preferred_element_type,
+               **params):
+    """A product with the rows of the identity (NOTE [identity bases]) that
+    contracts all of the basis's axes: batch element i is the other
+    operand's slice at flat position i - start of those axes, so the result
+    is that operand with its contracted axes flattened in front (zero rows
+    outside the basis's range), and no product is computed."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    for k in (0, 1):
+        mine, other = (lc, rc) if k == 0 else (rc, lc)
+        val = aval_of(vals[k])
+        ndim = val.ndim - 1
+        if (bases[k] is None or dims[1 - k] is not None or lb
+                or sorted(mine) != list(range(ndim))):
+            continue
+        y = vals[1 - k]
+        ya = aval_of(y)
+        partner = [other[mine.index(j)] for j in range(ndim)]
+        free = [i for i in range(ya.ndim) if i not in other]
+        n = int(np.prod([ya.shape[i] for i in partner], dtype=np.int64))
+        out = st.reshape(st.transpose(y, tuple(partner + free)),
+                         (n,) + tuple(ya.shape[i] for i in free))
+        start = bases[k]
+        if start != 0 or n != size:
+            out = st.pad(out, np.zeros((), ya.dtype), [(start, size - start - n, 0)] + [(0, 0, 0)] * len(free))
+        dtype = (np.dtype(preferred_element_type) if preferred_element_type is not None
+                 else aval_of(vals[0]).dtype)
+        if aval_of(out).dtype != dtype:
+            out = convert_element_type(out, dtype)
+        return out, 0, None
+    return None
+
+
+basis_rules[dot_general_p] = _dot_basis

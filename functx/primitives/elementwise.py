@@ -17,6 +17,7 @@ from ..core import Aval, FROM_JAX, Primitive, Zero, aval_of, bind
 from ..errors import MissingRuleError
 from ..interpreters.eval import lower_to_jax
 from .common import (
+    basis_rules,
     batch_rules,
     broadcast_shapes,
     broadcast_to_shape,
@@ -592,6 +593,19 @@ shape_rules[convert_element_type_p] = lambda a, *, new_dtype, weak_type, shardin
     a.shape, np.dtype(new_dtype), weak_type
 )
 unary_batch(convert_element_type_p)
+
+
+def _convert_basis(size, vals, dims, bases, *, new_dtype, **params):
+    """Zeros and ones stay exact between float dtypes: still the identity's
+    rows (NOTE [identity bases])."""
+    if not (np.issubdtype(aval_of(vals[0]).dtype, np.floating)
+            and np.issubdtype(new_dtype, np.floating)):
+        return None
+    out = bind(convert_element_type_p, vals[0], new_dtype=new_dtype, **params)
+    return out, dims[0], bases[0]
+
+
+basis_rules[convert_element_type_p] = _convert_basis
 
 
 def _convert_jvp(primals, tangents, *, new_dtype, weak_type, sharding):

@@ -12,6 +12,7 @@ from jax import lax
 
 from ..core import Aval, Zero, aval_of, bind
 from .common import (
+    basis_rules,
     batch_rules,
     bdim_to_front,
     defprim,
@@ -158,6 +159,18 @@ def _reshape_batch(size, vals, dims, *, new_sizes, dimensions, sharding):
 
 
 batch_rules[reshape_p] = _reshape_batch
+
+
+def _reshape_basis(size, vals, dims, bases, *, dimensions, **params):
+    """A reshape keeps each element's flat position: still the identity's
+    rows (NOTE [identity bases])."""
+    if dimensions is not None:
+        return None
+    out, out_dim = _reshape_batch(size, vals, dims, dimensions=None, **params)
+    return out, out_dim, bases[0]
+
+
+basis_rules[reshape_p] = _reshape_basis
 
 squeeze_p = defprim("squeeze", lax.squeeze_p)
 

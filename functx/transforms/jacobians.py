@@ -19,7 +19,7 @@ from ..primitives.common import moveaxis
 from . import _args
 from .grad import bind_argnums, grad_and_value, linearize_reverse, pull_back, vjp, with_static
 from .jvp import _check_tuple, jvp, jvp_flat
-from .vmap import vmap
+from .vmap import map_over_basis, vmap
 
 
 _BASES = {}
@@ -47,6 +47,11 @@ def _basis(avals):
     if not any(isinstance(b, jax.core.Tracer) for b in out) and len(_BASES) < 64:
         _BASES[key] = result
     return result
+
+
+def _starts(sizes):
+    """Where each leaf's block of the identity starts (its rows' offset)."""
+    return [int(v) for v in np.cumsum([0] + list(sizes[:-1]))]
 
 
 def _rows(x, start, stop):
@@ -102,6 +107,8 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_
 
         if total == 1:
             rows = [st.expand_dims(c, (0,)) for c in pull(*[b[0] for b in basis])]
+        elif chunk_size is None or chunk_size >= total:
+            rows = map_over_basis(pull, basis, _starts(sizes), call)
         else:
             rows = vmap(pull, chunk_size=chunk_size)(*basis)
         blocks = []
@@ -159,7 +166,8 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
             info["out_tree"] = out_tree
             return tans, outs, aux
 
-        tans, outs, aux = vmap(push, out_dims=(0, None, None), randomness=randomness)(*basis)
+        tans, outs, aux = map_over_basis(push, basis, _starts(sizes), call,
+                                         out_dims=(0, None, None), randomness=randomness)
         blocks = []
         for t, o in zip(tans, outs):
             oshape = aval_of(o).shape

@@ -127,10 +127,13 @@ def _check_batched(leaves, dims, args, call):
     return norm, size
 
 
-def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call):
+def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call,
+               bases=None):
     interp = BatchInterpreter(size, randomness, "vmap")
+    bases = bases or [None] * len(leaves)
     with new_interpreter(interp):
-        boxed = [x if d is None else BatchTracer(interp, x, d) for x, d in zip(leaves, dims)]
+        boxed = [x if d is None else BatchTracer(interp, x, d, b)
+                 for x, d, b in zip(leaves, dims, bases)]
         out = func(*tree_util.tree_unflatten(in_tree, boxed), **kwargs)
         out_flat, out_tree = _args.flatten_outputs(out, call)
         unboxed = [interp.unbox(o) for o in out_flat]
@@ -167,6 +170,19 @@ def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, 
         else:
             results.append(moveaxis(val, bd, od))
     return results, out_tree, flat_out_dims
+
+
+def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error"):
+    """`vmap(func)(*basis)` where each leaf of `basis` holds rows of the
+    identity, leaf k's row i being the unit vector at flat position
+    `i - starts[k]`: the batched inputs carry that fact for the primitives
+    that use it (NOTE [identity bases] in interpreters/batching.py)."""
+    leaves = list(basis)
+    size = aval_of(leaves[0]).shape[0]
+    outs, out_tree, _ = _vmap_once(func, leaves, [0] * len(leaves),
+                                   tree_util.tree_structure(tuple(leaves)), {}, size,
+                                   randomness, out_dims, call, bases=list(starts))
+    return tree_util.tree_unflatten(out_tree, outs)
 
 
 def _slice_along(x, d, start, stop):
