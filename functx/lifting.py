@@ -45,7 +45,13 @@ _INLINE_PARAM = {
 # or (Macro, params).
 # Consulted before inlining, so a module may take over e.g. custom_jvp_call.
 # Each translate function has a `primitive` attribute naming the functx
-# primitive it produces (read by functx.coverage).
+# primitive it produces (read by functx.coverage). One with a true
+# `takes_operands` attribute is called as translate(params, operands): per
+# equation input, the jaxpr variables naming it (the input's variable, then
+# those it stands for in the jaxprs the equation was inlined from), and last
+# the JAX tracer it is where it is a constant of the program (closed over
+# from an enclosing jax.jit); so a rule JAX traces later can tell which
+# input a tracer it closes over is.
 LIFT_RULES = {}
 
 
@@ -83,18 +89,41 @@ class Program:
                 return new_slot(v.val)
             return scope[v]
 
-        def flatten(jaxpr, consts, in_slots):
+        # An inlined jaxpr's input -> the outer operand bound to it; a
+        # constant's variable -> the constant, where it is a JAX tracer.
+        outer = {}
+
+        def aliases_of(v):
+            names = []
+            while isinstance(v, jcore.Var) and v not in names:
+                names.append(v)
+                v = outer.get(v)
+            if isinstance(v, jcore.Tracer):
+                names.append(v)
+            return tuple(names)
+
+        def flatten(jaxpr, consts, in_slots, in_atoms=None):
             scope = {}
             for v, c in zip(jaxpr.constvars, consts, strict=True):
                 scope[v] = new_slot(c)
+                if isinstance(c, jcore.Tracer):
+                    outer[v] = c
             for v, s in zip(jaxpr.invars, in_slots, strict=True):
                 scope[v] = s
+            if in_atoms is not None:
+                for v, a in zip(jaxpr.invars, in_atoms):
+                    if isinstance(a, jcore.Var):
+                        outer[v] = a
             for eqn in jaxpr.eqns:
                 ins = [slot_of(v, scope) for v in eqn.invars]
                 name = eqn.primitive.name
                 translate = LIFT_RULES.get(name)
                 if translate is not None:
-                    fx, params = translate(dict(eqn.params))
+                    if getattr(translate, "takes_operands", False):
+                        fx, params = translate(dict(eqn.params),
+                                               [aliases_of(v) for v in eqn.invars])
+                    else:
+                        fx, params = translate(dict(eqn.params))
                     outs = [new_slot() for _ in eqn.outvars]
                     for v, s in zip(eqn.outvars, outs):
                         if not isinstance(v, jcore.DropVar):
@@ -110,7 +139,7 @@ class Program:
                         sub_jaxpr, sub_consts = sub.jaxpr, sub.consts
                     else:
                         sub_jaxpr, sub_consts = sub, []
-                    outs = flatten(sub_jaxpr, sub_consts, ins)
+                    outs = flatten(sub_jaxpr, sub_consts, ins, eqn.invars)
                     for v, s in zip(eqn.outvars, outs, strict=True):
                         scope[v] = s
                     continue

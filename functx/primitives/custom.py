@@ -585,31 +585,47 @@ def _graph_of(closed_jaxpr):
 
 class _LiftedJVPRule:
     """The jvp rule of a JAX custom_jvp_call: JAX's `jvp_jaxpr_fun`, traced
-    on first use (with every tangent instantiated), as a Graph."""
+    on first use (with every tangent instantiated), as a Graph.
+
+    JAX traces that rule from a Python function that may close over tracers
+    of the trace that staged the equation (a traced `nondiff_argnums` value,
+    as in `jax.scipy.special.expn`); that trace has finished by the time the
+    rule is needed, so those tracers come back among the jaxpr's constants
+    and must not be used. Each one names a jaxpr variable, which is also one
+    of the equation's inputs (`operands`: the variables naming each input,
+    NOTE [lifting]; or, closed over from an enclosing jax.jit, it is itself
+    one of them): the graph takes those constants as leading inputs, fed
+    the equation's own inputs at every call (`self.picks`)."""
 
     kind = "custom_jvp"
 
-    def __init__(self, jvp_jaxpr_fun, num_consts, primal_avals, name):
+    def __init__(self, jvp_jaxpr_fun, num_consts, primal_avals, name, operands=()):
         self.fun = jvp_jaxpr_fun
         self.n_closure = num_consts
         self.closure_interps = None  # its jaxprs read no closed-over functx value
         self.primal_avals = primal_avals
         self.name = name
+        self.operands = operands
         self.graph = None
+        self.picks = ()
         self.handles = {}
 
     def __repr__(self):
         return f"jvp of {self.name}"
 
-    def __call__(self, consts, primals, tangents):
-        from jax._src import core as jcore
+    def _trace(self):
+        jaxpr, jconsts, out_zeros = self.fun.call_wrapped(*[False] * len(self.primal_avals))
+        closed, self.picks = _closure_as_inputs(jaxpr, jconsts, self.operands, self)
+        self.graph = _graph_of(closed)
+        self.out_zeros = list(out_zeros)
+        self.operands = ()  # not needed any more
 
+    def __call__(self, consts, primals, tangents):
         if self.graph is None:
-            jaxpr, jconsts, out_zeros = self.fun.call_wrapped(*[False] * len(primals))
-            self.graph = _graph_of(jcore.ClosedJaxpr(jaxpr, jconsts))
-            self.out_zeros = list(out_zeros)
+            self._trace()
+        args = list(consts) + list(primals)
         ts = [tangent_value(t, a) for t, a in zip(tangents, self.primal_avals)]
-        results = eval_graph(self.graph, list(primals) + ts)
+        results = eval_graph(self.graph, [args[i] for i in self.picks] + list(primals) + ts)
         n = len(self.out_zeros)
         outs, touts = results[:n], iter(results[n:])
         tangents_out = []
@@ -619,6 +635,45 @@ class _LiftedJVPRule:
                 t = Zero.of(o)
             tangents_out.append(t)
         return outs, tangents_out
+
+
+def _closure_as_inputs(jaxpr, consts, operands, rule):
+    """`jaxpr` closed over `consts`, with the constants that are JAX tracers
+    (of a finished trace) turned into its leading inputs; and for each of
+    those, the index of the equation input it is (see _LiftedJVPRule)."""
+    from jax._src import core as jcore
+
+    if not any(isinstance(c, jcore.Tracer) for c in consts):
+        return jcore.ClosedJaxpr(jaxpr, consts), ()
+    index = {}  # by id: the names are held alive by `operands`
+    for i, names in enumerate(operands):
+        for name in names:
+            index.setdefault(id(name), i)
+    kept_vars, kept, moved, picks = [], [], [], []
+    for v, c in zip(jaxpr.constvars, consts, strict=True):
+        if not isinstance(c, jcore.Tracer):
+            kept_vars.append(v)
+            kept.append(c)
+            continue
+        i = index.get(id(c))  # the tracer itself, a constant of the program
+        if i is None and isinstance(getattr(c, "val", None), jcore.Var):
+            i = index.get(id(c.val))  # or the variable it stood for
+        if i is None:
+            raise MissingRuleError(
+                f"differentiating {rule.kind} function `{rule.name}` (lifted from JAX): "
+                f"its JAX jvp rule reads a traced value ({c.aval.str_short()}) that is not "
+                "an input of the function, so functx cannot supply it once JAX's trace "
+                "has finished. Pass that value to the function as an argument, or "
+                "write the function with functx.custom_jvp."
+            )
+        moved.append(v)
+        picks.append(i)
+    info = jaxpr.debug_info
+    if info is not None and info.arg_names is not None:
+        info = info._replace(arg_names=("",) * len(moved) + tuple(info.arg_names))
+    jaxpr = jaxpr.replace(constvars=kept_vars, invars=moved + list(jaxpr.invars),
+                          debug_info=info)
+    return jcore.ClosedJaxpr(jaxpr, kept), tuple(picks)
 
 
 def _float0():
@@ -704,11 +759,12 @@ def _in_avals(closed_jaxpr, num_consts):
             for v in closed_jaxpr.jaxpr.invars[num_consts:]]
 
 
-def _lift_custom_jvp(params):
+def _lift_custom_jvp(params, operands):
     call_jaxpr = params["call_jaxpr"]
     nc = params["num_consts"]
     name = _jaxpr_name(call_jaxpr, "custom_jvp")
-    rule = _LiftedJVPRule(params["jvp_jaxpr_fun"], nc, _in_avals(call_jaxpr, nc), name)
+    rule = _LiftedJVPRule(params["jvp_jaxpr_fun"], nc, _in_avals(call_jaxpr, nc), name,
+                          operands)
     return custom_jvp_call, dict(call=_graph_of(call_jaxpr), jvp=rule, num_consts=nc,
                                  name=name)
 
@@ -723,6 +779,7 @@ def _lift_custom_vjp(params):
 
 
 _lift_custom_jvp.primitive = custom_jvp_call
+_lift_custom_jvp.takes_operands = True
 _lift_custom_vjp.primitive = custom_vjp_call
 
 
