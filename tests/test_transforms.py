@@ -260,38 +260,50 @@ def _dots(fn, *args):
 W45 = jnp.asarray(rng.uniform(-1, 1, (4, 5)))
 
 
-def test_identity_bases_are_not_multiplied():
+def test_identity_bases_are_not_multiplied(monkeypatch):
     # NOTE [identity bases]: a product with the identity basis is the other
     # operand's slice; results against JAX (which does multiply), and the
-    # staged programs lose exactly the basis products.
-    def lin(x):
-        return W45 @ x
-
-    def lin_t(x):  # basis on the left, contracting a transposed operand
-        return x @ W45.T
-
-    def energy(x):
-        return fnp.tanh(W45 @ x).sum()
+    # staged programs lose exactly the basis products. Products this small
+    # are kept where the slice would need its axes moved, unless the
+    # threshold is lowered:
+    from functx.primitives import dot
 
     x5 = jnp.asarray(rng.uniform(-1, 1, (5,)))
+
+    def lin_w(w, x):
+        return w @ x
+
+    def lin_wt(wt, x):
+        return x @ wt
+
+    assert _dots(fx.jacfwd(lin_w, argnums=1), W45, x5) == [(4,), (4, 5)]
+    assert _dots(fx.jacfwd(lin_wt, argnums=1), W45.T, x5) == [(4,)]  # in place: always
+    monkeypatch.setattr(dot, "_SMALL_PRODUCT", 0)
+
+    def energy(w, x):
+        return fnp.tanh(w @ x).sum()
+
     for jac, jjac in ((fx.jacfwd, jax.jacfwd), (fx.jacrev, jax.jacrev)):
-        for f in (lin, lin_t):
-            close(jac(f)(x5), jjac(f)(x5))
-            assert _dots(jac(f), x5) == [(4,)]  # only the primal product is left
-    close(fx.hessian(energy)(x5), jax.hessian(energy)(x5))
+        for f, w in ((lin_w, W45), (lin_wt, W45.T)):
+            close(jac(f, argnums=1)(w, x5), jjac(f, argnums=1)(w, x5))
+            assert _dots(jac(f, argnums=1), w, x5) == [(4,)]  # only the primal product
+    close(fx.hessian(energy, argnums=1)(W45, x5), jax.hessian(energy, argnums=1)(W45, x5))
     # the value, the gradient and one dense n^2 m product (no W @ identity)
-    assert _dots(fx.hessian(energy), x5) == [(4,), (5,), (5, 5)]
+    assert _dots(fx.hessian(energy, argnums=1), W45, x5) == [(4,), (5,), (5, 5)]
     # a matrix input (both axes contracted, in swapped order), reshape and a dtype cast
     m = jnp.asarray(rng.uniform(-1, 1, (2, 3)))
     w = jnp.asarray(rng.uniform(-1, 1, (3, 2, 4)))
 
-    def tensor(m):
+    ones = jnp.ones((6, 4), jnp.float32)
+
+    def tensor(m, w, ones):
         return fnp.einsum("ij,jik->k", m, w) + (fnp.reshape(m, (6,)).astype(jnp.float32)
-                                                 @ jnp.ones((6, 4), jnp.float32)).astype(m.dtype)
+                                                 @ ones).astype(m.dtype)
 
     for jac, jjac in ((fx.jacfwd, jax.jacfwd), (fx.jacrev, jax.jacrev)):
-        close(jac(tensor)(m), jjac(tensor)(m), rtol=1e-6)
-    assert _dots(fx.jacfwd(tensor), m) == [(4,), (4,)]
+        close(jac(tensor)(m, w, ones), jjac(tensor)(m, w, ones), rtol=1e-6)
+    assert _dots(fx.jacfwd(tensor), m, w, ones) == [(4,), (4,)]
+
     # several inputs: the second input's rows start at 5 (zero rows before)
     def two(x, m):
         return W45 @ x + fnp.einsum("ij,jik->k", m, w)
@@ -302,8 +314,10 @@ def test_identity_bases_are_not_multiplied():
         close(fx.jit(jac(two, argnums=(0, 1)))(x5, m), jjac(two, argnums=(0, 1))(x5, m))
     # under an outer vmap (the basis is not batched by it) and an outer jacfwd
     xs = jnp.asarray(rng.uniform(-1, 1, (3, 5)))
-    close(fx.vmap(fx.jacfwd(energy))(xs), jax.vmap(jax.jacfwd(energy))(xs))
-    close(fx.jacfwd(fx.jacfwd(energy))(x5), jax.hessian(energy)(x5))
+    close(fx.vmap(fx.jacfwd(energy, argnums=1), in_dims=(None, 0))(W45, xs),
+          jax.vmap(jax.jacfwd(energy, argnums=1), in_axes=(None, 0))(W45, xs))
+    close(fx.jacfwd(fx.jacfwd(energy, argnums=1), argnums=1)(W45, x5),
+          jax.hessian(energy, argnums=1)(W45, x5))
 
 
 # --------------------------------------------------------------------------

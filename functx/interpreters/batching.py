@@ -28,7 +28,10 @@ is the unit vector at flat position `i - basis` of the unbatched value (zero
 when that is out of range). Primitives with an entry in `basis_rules` use it
 (dot_general returns the other operand's slice, reshape and
 convert_element_type keep the mark); every other rule sees the ordinary
-materialised array, which XLA drops when nothing uses it. The shortcut
+materialised array, which XLA drops when nothing uses it. A slice whose
+batch axis is not its leading axis is taken only when the product it
+replaces is large: XLA fuses the transpose that later moves that axis into
+the consumers, which can cost more than a small product (`_dot_basis`). The shortcut
 differs from the dense product only where the other operand holds infinities
 or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """
