@@ -210,6 +210,24 @@ def test_lower_gives_jax_lowering():
     close(lowered.compile()(X, Y), f_jax(X, Y))
 
 
+def test_compiler_options_reach_xla():
+    # a valid option compiles the same function; an unknown one is XLA's error
+    # naming it (so the dict is handed to XLA, as jax.jit's compiler_options)
+    close(fx.jit(f_fx, compiler_options={"xla_cpu_enable_fast_math": False})(X, Y), f_jax(X, Y))
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        fx.jit(f_fx, compiler_options={"xla_no_such_option": True})(X, Y)
+    with pytest.raises(fx.FunctxTypeError, match=r"jit\(.*compiler_options must be None or a dict"):
+        fx.jit(f_fx, compiler_options=[("xla_cpu_enable_fast_math", False)])
+    # on XLA:CPU versions that offload dots to YNNPACK, the option documented
+    # in the README (Performance) turns that off
+    a, b = jnp.ones((64, 128), jnp.float32), jnp.ones((128, 128), jnp.float32)
+    mm = lambda a, b: fnp.tanh(a @ b)  # noqa: E731
+    if "__ynn_fusion" in fx.jit(mm).lower(a, b).compile().as_text():
+        off = fx.jit(mm, compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""})
+        assert "__ynn_fusion" not in off.lower(a, b).compile().as_text()
+        close(off(a, b), jnp.tanh(a @ b))
+
+
 # ---------------------------------------------------------------------------
 # The stateful generator under jit
 

@@ -168,10 +168,12 @@ class Jitted:
     # copy its __dict__, as functools.wraps does) never copy it, and a
     # Jitted wrapping another wrapper never receives theirs.
     __slots__ = ("_fun", "_name", "_static_argnums", "_static_argnames", "_donate", "_pure",
-                 "_stateful", "_graphs", "fast", "__dict__", "__weakref__")
+                 "_stateful", "_graphs", "fast", "_compiler_options", "__dict__", "__weakref__")
 
-    def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=()):
+    def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=(),
+                 compiler_options=None):
         check_callable(fun, "jit")
+        self._compiler_options = _check_compiler_options(compiler_options, fun)
         self._fun = fun
         self._name = fn_name(fun)
         self._static_argnums, self._static_argnames = _resolve_static(
@@ -187,7 +189,7 @@ class Jitted:
 
         trace_pure.__name__ = trace_pure.__qualname__ = self._name
         options = dict(static_argnums=self._static_argnums, static_argnames=self._static_argnames,
-                       donate_argnums=self._donate)
+                       donate_argnums=self._donate, compiler_options=self._compiler_options)
         self._pure = _cpp_jit(trace_pure, self._miss, options)
         self.fast = self._pure is not None
         if self._pure is None:
@@ -211,6 +213,7 @@ class Jitted:
                 static_argnums=tuple(i + 1 for i in self._static_argnums),
                 static_argnames=self._static_argnames,
                 donate_argnums=tuple(i + 1 for i in self._donate),
+                compiler_options=self._compiler_options,
             )
         return self._stateful
 
@@ -321,7 +324,19 @@ class Jitted:
         return graph, out_tree[0]
 
 
-def jit(func, static_argnums=(), static_argnames=(), donate_argnums=()):
+def _check_compiler_options(options, fun):
+    if options is None:
+        return None
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise FunctxTypeError(
+            f"jit({fn_name(fun)}, compiler_options=...): compiler_options must be None or a "
+            f"dict from XLA option names (str) to values, got {type(options).__name__}. "
+            'Example: {"xla_cpu_enable_fast_math": False}.'
+        )
+    return dict(options)
+
+
+def jit(func, static_argnums=(), static_argnames=(), donate_argnums=(), compiler_options=None):
     """Compile `func` with XLA (jax.jit), whatever functx transforms it uses
     inside, and whichever it is used under.
 
@@ -331,9 +346,12 @@ def jit(func, static_argnums=(), static_argnames=(), donate_argnums=()):
     Python values (hashable; a new value compiles a new program);
     `donate_argnums` lets XLA reuse the buffers of those arguments for the
     results. Draws from functx's stateful generator inside `func` advance the
-    generator on every call, as they would without jit.
+    generator on every call, as they would without jit. `compiler_options`
+    (a dict of XLA options, as for jax.jit) is passed to XLA when `func` is
+    compiled on its own; under an outer transform or jit the graph becomes
+    part of the outer program, compiled with that program's options.
     """
-    jitted = Jitted(func, static_argnums, static_argnames, donate_argnums)
+    jitted = Jitted(func, static_argnums, static_argnames, donate_argnums, compiler_options)
     return jitted._pure if jitted.fast else jitted
 
 
