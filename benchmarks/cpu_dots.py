@@ -10,9 +10,12 @@ pairs of bursts):
      (compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}), each
      against the same torch.bmm;
   2. the ensemble workload of benchmarks/run.py under functx.jit, default
-     and with YNNPACK fusions off, against torch.func.
+     and with YNNPACK fusions off, against torch.func;
+  3. with --all: every workload of benchmarks/run.py under functx.jit,
+     default and with YNNPACK fusions off, against jax.jit (default), to
+     see what the option costs elsewhere.
 
-Usage: python benchmarks/cpu_dots.py   (CPU only; needs torch)
+Usage: python benchmarks/cpu_dots.py [--all]   (CPU only; needs torch)
 """
 
 import os
@@ -93,6 +96,16 @@ def main():
     for label, options in (("functx.jit", None), ("functx.jit, YNNPACK fusions off", YNN_OFF)):
         fn = fx.jit(workload.build(R.FUNCTX), compiler_options=options)
         print(f"  {label}: {paired(blocking(fn, *args), torch_call)}")
+    if "--all" not in sys.argv:
+        return
+    print("every workload, functx.jit time / jax.jit time (default, YNNPACK fusions off):")
+    for workload in R.WORKLOADS:
+        args = R.convert(workload.data(), R.JAX)
+        reference = blocking(jax.jit(workload.build(R.JAX)), *args)
+        cells = [paired(blocking(fx.jit(workload.build(R.FUNCTX), compiler_options=options),
+                                 *args), reference)
+                 for options in (None, YNN_OFF)]
+        print(f"  {workload.name}: {cells[0]}, {cells[1]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,12 @@ primitive step on its second sighting and a repeated tape on its third.
 
 Tables printed:
   1. steady-state median time per call, and the ratios;
-  2. first call (trace + compile + run) of a freshly built functx.jit vs
+  2. paired ratios of functx.jit to jax.jit and to torch.func: bursts of
+     the two timed back to back, many times, so that the machine's drift
+     (slower than a pair of bursts) cancels in each ratio;
+  3. first call (trace + compile + run) of a freshly built functx.jit vs
      jax.jit function;
-  3. peak memory of vmap(chunk_size=k) and jacrev(chunk_size=k): compiled
+  4. peak memory of vmap(chunk_size=k) and jacrev(chunk_size=k): compiled
      memory analysis of the jitted programs, and the measured peak of the
      eager runs (in child processes).
 
@@ -426,11 +429,10 @@ def seconds_per_call(call, number):
 WARMUP_CALLS = 3  # functx eager compiles a repeated step on its 2nd sighting, a tape on its 3rd
 
 
-def interleaved_medians(calls, rounds, target_s):
+def interleaved_medians(calls, rounds, target_s, numbers):
     """Median seconds per call of each implementation, after warm-up calls.
     Each round times every implementation once (enough calls to take about
-    target_s), in a rotated order."""
-    numbers = {}
+    target_s, stored in `numbers`), in a rotated order."""
     for name, call in calls.items():
         seconds_per_call(call, WARMUP_CALLS)
         once = seconds_per_call(call, 1)
@@ -441,6 +443,32 @@ def interleaved_medians(calls, rounds, target_s):
         for name in names[r % len(names):] + names[:r % len(names)]:
             samples[name].append(seconds_per_call(calls[name], numbers[name]))
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+PAIRS = (("functx jit", "jax jit"), ("functx jit", "torch.func eager"))
+
+
+def paired_ratios(call_a, call_b, number_a, number_b, rounds):
+    """Quartiles (q1, median, q3) of time-per-call ratios a/b, each from a
+    burst of a and a burst of b timed back to back, in alternating order
+    (ab, ba, ...). On a machine whose speed drifts by tens of percent
+    over seconds, the ratio of two adjacent bursts is far steadier than
+    the ratio of two medians taken over the whole run."""
+    ratios = []
+    for r in range(rounds):
+        if r % 2:
+            tb = seconds_per_call(call_b, number_b)
+            ta = seconds_per_call(call_a, number_a)
+        else:
+            ta = seconds_per_call(call_a, number_a)
+            tb = seconds_per_call(call_b, number_b)
+        ratios.append(ta / tb)
+    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, med, q3
+
+
+def fmt_quartiles(q):
+    return "-" if q is None else f"{q[1]:.3f}x [{q[0]:.2f}-{q[2]:.2f}]"
 
 
 def first_call_seconds(impl, workload, args):
@@ -740,11 +768,28 @@ def header(markdown):
 # ---------------------------------------------------------------------------
 
 
-def time_workloads(rounds, target_s, problems):
-    rows = []
+def time_workloads(rounds, target_s, paired_rounds, problems):
+    rows, paired = [], []
     for workload in WORKLOADS:
         calls, failed = prepare(workload, problems)
-        med = interleaved_medians(calls, rounds, target_s)
+        numbers = {}
+        med = interleaved_medians(calls, rounds, target_s, numbers)
+        quartiles = [
+            paired_ratios(calls[a], calls[b], max(1, numbers[a] // 2), max(1, numbers[b] // 2),
+                          paired_rounds)
+            if a in calls and b in calls else None
+            for a, b in PAIRS
+        ]
+        # The noise floor: a second jax.jit of the same program (a new
+        # function object with its own argument buffers), against the first.
+        again = attempt(problems, f"{workload.name}: jax jit, compiled again", make_call,
+                        next(i for i in IMPLS if i.name == REFERENCE), workload, workload.data())
+        if again is not None and REFERENCE in calls:
+            n = max(1, numbers[REFERENCE] // 2)
+            quartiles.append(paired_ratios(again[0], calls[REFERENCE], n, n, paired_rounds))
+        else:
+            quartiles.append(None)
+        paired.append([workload.name] + [fmt_quartiles(q) for q in quartiles])
         t = {impl.name: med.get(impl.name) for impl in IMPLS}
         cells = []
         for impl in IMPLS:
@@ -762,7 +807,7 @@ def time_workloads(rounds, target_s, problems):
             fmt_ratio(t["functx eager"], torch_t),
         ])
         progress(f"timed {workload.name}")
-    return rows
+    return rows, paired
 
 
 def first_call_rows(reps, problems):
@@ -826,12 +871,12 @@ def main():
 
     if TORCH is not None and _torch_device() == "cpu":
         torch.set_num_threads(cpu_count())  # as many threads as XLA's CPU pool
-    rounds, target_s, reps = (2, 0.02, 1) if opts.quick else (5, 0.15, 3)
+    rounds, target_s, reps, paired_rounds = (2, 0.02, 1, 3) if opts.quick else (5, 0.15, 3, 21)
     md = opts.markdown
     header(md)
     problems = []
 
-    time_rows = time_workloads(rounds, target_s, problems)
+    time_rows, paired_rows = time_workloads(rounds, target_s, paired_rounds, problems)
     render(
         f"Steady state: median time per call over {rounds} interleaved rounds",
         ["workload"] + [impl.name for impl in IMPLS]
@@ -839,6 +884,15 @@ def main():
         time_rows, md,
         notes=[("Results of every column checked against jax jit before timing; '!' marks a "
                 "failed check (listed below). Ensemble: forward + grad of the loss per model.")],
+    )
+    render(
+        f"Paired ratios: median [quartiles] over {paired_rounds} back-to-back pairs of bursts",
+        ["workload"] + [f"{a} / {b}" for a, b in PAIRS] + ["jax jit again / jax jit"],
+        paired_rows, md,
+        notes=["Each burst is about half a steady-state round's calls. The last column times "
+               "a second jax.jit of the same program (a new function object, its own argument "
+               "buffers) against the first: how far apart identical programs measure on this "
+               "machine, the noise floor of the other columns."],
     )
     render(
         f"First call (trace + compile + run) of a newly built jitted function, median of {reps}",
