@@ -50,18 +50,20 @@ _INLINE_PARAM = {
 # equation input, the jaxpr variables naming it (the input's variable, then
 # those it stands for in the jaxprs the equation was inlined from), and last
 # the JAX tracer it is where it is a constant of the program (closed over
-# from an enclosing jax.jit); so a rule JAX traces later can tell which
-# input a tracer it closes over is.
+# from an enclosing jax.jit) or an input standing for one (`in_tracers`);
+# so a rule JAX traces later can tell which input a tracer it closes over is.
 LIFT_RULES = {}
 
 
-def graph_of_jaxpr(closed_jaxpr):
+def graph_of_jaxpr(closed_jaxpr, in_tracers=None):
     """A functx Graph of a JAX ClosedJaxpr (its equations replayed as functx
     primitives, sub-programs translated recursively). The graph has one
-    input per jaxpr input; the jaxpr's constants become graph constants."""
+    input per jaxpr input; the jaxpr's constants become graph constants.
+    `in_tracers`, where given, names per jaxpr input the JAX tracer it
+    stands for, or None (see `Program`)."""
     from .interpreters.staging import stage
 
-    program = Program(closed_jaxpr)
+    program = Program(closed_jaxpr, in_tracers)
     in_avals = [Aval(v.aval.shape, v.aval.dtype, v.aval.weak_type)
                 for v in closed_jaxpr.jaxpr.invars]
     graph, captured = stage(lambda *xs: program(xs), in_avals, transform="lift")
@@ -72,11 +74,14 @@ def graph_of_jaxpr(closed_jaxpr):
 class Program:
     """A jaxpr flattened for fast replay: every value lives in one slot of an
     environment list; `instrs` are (functx primitive or None, JAX primitive,
-    input slots, output slots, params)."""
+    input slots, output slots, params). `in_tracers`: per jaxpr input, None
+    or the JAX tracer it replaces (a constant, a tracer of a finished trace,
+    that a lifted rule made an input), given to `takes_operands` rules among
+    the names of that input."""
 
     __slots__ = ("env0", "inputs", "outputs", "instrs")
 
-    def __init__(self, closed_jaxpr):
+    def __init__(self, closed_jaxpr, in_tracers=None):
         self.env0 = []
         self.instrs = []
 
@@ -152,6 +157,9 @@ class Program:
             return [slot_of(v, scope) for v in jaxpr.outvars]
 
         jaxpr = closed_jaxpr.jaxpr
+        for v, c in zip(jaxpr.invars, in_tracers or ()):
+            if c is not None:
+                outer[v] = c
         self.inputs = [new_slot() for _ in jaxpr.invars]
         self.outputs = flatten(jaxpr, closed_jaxpr.consts, self.inputs)
 

@@ -1,5 +1,6 @@
-"""Lifted JAX custom_jvp rules that close over tracers of a finished JAX
-trace (functx/primitives/custom.py, `_LiftedJVPRule`).
+"""Lifted JAX custom_jvp / custom_vjp rules that close over tracers of a
+finished JAX trace (functx/primitives/custom.py, `_LiftedJVPRule`,
+`_LiftedVJPRule`).
 
 `jax.scipy.special.expn` is a custom_jvp whose nondiff order `n` is traced
 inside its jitted jvp rule, which calls expn again: the jvp rule of that
@@ -11,6 +12,13 @@ rule hits the same dead tracer), so first derivatives are checked against
 JAX and second derivatives against the closed form its rule gives,
 d^2/dx^2 E_2(x) = E_0(x) = exp(-x) / x. A small function of the same
 structure (`_power`) is checked to third order, eagerly and under jax.jit.
+
+A custom_vjp's fwd and bwd close over such tracers too (a traced value
+the function closes over, or one a function passed as a nondiff argument
+closes over); bwd gets no input of the function, so fwd passes it the
+ones it reads along with the residuals. Checked against JAX's own
+derivatives of the same functions (functx's forward mode of a custom_vjp,
+which JAX refuses, against the Jacobian JAX gives by reverse mode).
 """
 
 from functools import partial
@@ -133,3 +141,89 @@ def test_closed_over_value_that_is_no_input_raises():
     h.defjvp(lambda s, p, t: (h(s, p[0]), s * t[0]))
     with pytest.raises(MissingRuleError, match="`h`.*not an input"):
         fx.grad(lambda x: fx.lift(h)(X, x).sum())(X)
+
+
+# --------------------------------------------------------------------------
+# custom_vjp
+
+S = jnp.array([2.0, 3.0, -1.0])
+
+
+def _scaled(scale):
+    """sin(x) * scale as a custom_vjp whose fwd and bwd read `scale`
+    through their closure."""
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x) * scale
+
+    f.defvjp(lambda x: (f(x), jnp.cos(x)), lambda c, g: (g * c * scale,))
+    return f
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply_sin(h, x):
+    return h(jnp.sin(x))
+
+
+_apply_sin.defvjp(lambda h, x: (h(jnp.sin(x)), jnp.cos(x)),
+                  lambda h, c, g: (jax.vjp(h, c)[1](g)[0] * c,))
+
+
+def _scaled_nondiff(scale):
+    """The same through a nondiff function argument closing over `scale`."""
+    return partial(_apply_sin, lambda y: y * scale)
+
+
+@pytest.mark.parametrize("make", [_scaled, _scaled_nondiff], ids=["closure", "nondiff_fn"])
+@pytest.mark.parametrize("where", ["argument", "argument_eager", "enclosing_jit"])
+def test_custom_vjp_closing_over_traced_value(make, where):
+    """The closed-over value an argument of the lifted function (traced by
+    lifting; under jax.jit or eagerly) or a value of an enclosing jax.jit
+    (a constant of the lifted program). grad, vjp, jvp, vmap of grad, and
+    second order (forward over reverse, reverse over reverse)."""
+    def derivs(s, x, v):
+        if where == "enclosing_jit":
+            F = fx.lift(lambda x: make(s)(x))
+        else:
+            F = partial(fx.lift(lambda s, x: make(s)(x)), s)
+        g = fx.grad(lambda x: F(x).sum())
+        return (g(x), fx.vjp(F, x)[1](v)[0], fx.jvp(F, (x,), (v,))[1],
+                fx.vmap(g)(jnp.stack([x, 2 * x])), fx.jvp(g, (x,), (v,))[1],
+                fx.vjp(g, x)[1](v)[0])
+
+    run = derivs if where == "argument_eager" else jax.jit(derivs)
+    got = run(S, X, V)
+    F = make(S)
+    g = jax.grad(lambda x: F(x).sum())
+    hv = jax.jacrev(g)(X) @ V
+    want = (g(X), jax.vjp(F, X)[1](V)[0], jax.jacrev(F)(X) @ V,
+            jax.vmap(g)(jnp.stack([X, 2 * X])), hv, hv)
+    for a, b in zip(got, want, strict=True):
+        _close(a, b)
+
+
+def test_custom_vjp_vmap_over_closed_value():
+    """vmap over the closed-over value: the value bwd reads is batched."""
+    s = jnp.stack([S, 2 * S])
+
+    def run(s, x):
+        return fx.vmap(lambda s: fx.grad(
+            lambda x: fx.lift(lambda s, x: _scaled(s)(x))(s, x).sum())(x))(s)
+
+    want = jax.vmap(lambda s: jax.grad(lambda x: _scaled(s)(x).sum())(X))(s)
+    _close(jax.jit(run)(s, X), want)
+
+
+def test_custom_vjp_bwd_reading_no_input_raises():
+    """A bwd reading a traced value the function does not read: a clear
+    error, not a leaked tracer."""
+    def make(scale):
+        @jax.custom_vjp
+        def f(x):
+            return jnp.sin(x)
+
+        f.defvjp(lambda x: (f(x), jnp.cos(x)), lambda c, g: (g * c * scale,))
+        return f
+
+    with pytest.raises(MissingRuleError, match="`f`.*bwd rule.*not an input"):
+        fx.grad(lambda x: fx.lift(lambda s, x: make(s)(x))(S, x).sum())(X)

@@ -574,13 +574,13 @@ batch_rules[custom_lin] = _lin_batch
 # Lifting JAX's custom_jvp_call / custom_vjp_call (NOTE [lifting])
 
 
-def _graph_of(closed_jaxpr):
+def _graph_of(closed_jaxpr, in_tracers=None):
     """A jaxpr as a functx Graph, its equations on literals alone computed
     as concrete constants (NOTE [constants inside rules] in control.py)."""
     from ..lifting import graph_of_jaxpr
 
     with jax.ensure_compile_time_eval():
-        return graph_of_jaxpr(closed_jaxpr)
+        return graph_of_jaxpr(closed_jaxpr, in_tracers)
 
 
 class _LiftedJVPRule:
@@ -615,8 +615,9 @@ class _LiftedJVPRule:
 
     def _trace(self):
         jaxpr, jconsts, out_zeros = self.fun.call_wrapped(*[False] * len(self.primal_avals))
-        closed, self.picks = _closure_as_inputs(jaxpr, jconsts, self.operands, self)
-        self.graph = _graph_of(closed)
+        closed, self.picks, tracers = _closure_as_inputs(jaxpr, jconsts, self.operands,
+                                                         self, "jvp rule")
+        self.graph = _graph_of(closed, tracers)
         self.out_zeros = list(out_zeros)
         self.operands = ()  # not needed any more
 
@@ -637,19 +638,23 @@ class _LiftedJVPRule:
         return outs, tangents_out
 
 
-def _closure_as_inputs(jaxpr, consts, operands, rule):
+def _closure_as_inputs(jaxpr, consts, operands, rule, what):
     """`jaxpr` closed over `consts`, with the constants that are JAX tracers
     (of a finished trace) turned into its leading inputs; and for each of
-    those, the index of the equation input it is (see _LiftedJVPRule)."""
+    those, the index of the equation input it is (see _LiftedJVPRule); and
+    per input of the new jaxpr, the tracer it replaces or None, for
+    `_graph_of` (so that a rule lifted inside it and closing over the same
+    tracer finds it among its equation's inputs, as in higher orders).
+    `what` names the user's rule the jaxpr was traced from, for errors."""
     from jax._src import core as jcore
 
     if not any(isinstance(c, jcore.Tracer) for c in consts):
-        return jcore.ClosedJaxpr(jaxpr, consts), ()
+        return jcore.ClosedJaxpr(jaxpr, consts), (), None
     index = {}  # by id: the names are held alive by `operands`
     for i, names in enumerate(operands):
         for name in names:
             index.setdefault(id(name), i)
-    kept_vars, kept, moved, picks = [], [], [], []
+    kept_vars, kept, moved, tracers, picks = [], [], [], [], []
     for v, c in zip(jaxpr.constvars, consts, strict=True):
         if not isinstance(c, jcore.Tracer):
             kept_vars.append(v)
@@ -661,19 +666,21 @@ def _closure_as_inputs(jaxpr, consts, operands, rule):
         if i is None:
             raise MissingRuleError(
                 f"differentiating {rule.kind} function `{rule.name}` (lifted from JAX): "
-                f"its JAX jvp rule reads a traced value ({c.aval.str_short()}) that is not "
+                f"its JAX {what} reads a traced value ({c.aval.str_short()}) that is not "
                 "an input of the function, so functx cannot supply it once JAX's trace "
                 "has finished. Pass that value to the function as an argument, or "
-                "write the function with functx.custom_jvp."
+                f"write the function with functx.{rule.kind}."
             )
         moved.append(v)
+        tracers.append(c)
         picks.append(i)
     info = jaxpr.debug_info
     if info is not None and info.arg_names is not None:
         info = info._replace(arg_names=("",) * len(moved) + tuple(info.arg_names))
     jaxpr = jaxpr.replace(constvars=kept_vars, invars=moved + list(jaxpr.invars),
                           debug_info=info)
-    return jcore.ClosedJaxpr(jaxpr, kept), tuple(picks)
+    in_tracers = tracers + [None] * (len(jaxpr.invars) - len(moved))
+    return jcore.ClosedJaxpr(jaxpr, kept), tuple(picks), in_tracers
 
 
 def _float0():
@@ -683,11 +690,23 @@ def _float0():
 class _LiftedVJPRule:
     """fwd and bwd of a JAX custom_vjp_call: the fwd jaxpr (traced on first
     use, every input marked perturbed) and JAX's bwd function (traced per
-    residual avals), as Graphs."""
+    residual avals), as Graphs.
+
+    As for `_LiftedJVPRule`, fwd and bwd may close over JAX tracers of a
+    finished trace (a traced value the function closes over, or one that a
+    function passed as a nondiff argument closes over); each is one of the
+    equation's inputs (`operands`). fwd's graph takes those as leading
+    inputs fed from the equation's inputs (`fwd_picks`). bwd receives no
+    equation input, only residuals and cotangents: so fwd passes the inputs
+    bwd reads (`carried`, indices of equation inputs) after JAX's residuals,
+    and bwd's graph takes them as leading inputs. Which ones bwd reads is
+    known only by tracing it, so the first fwd traces bwd on the residual
+    and cotangent avals it will most likely see; a bwd traced later for
+    other avals must read no other input."""
 
     kind = "custom_vjp"
 
-    def __init__(self, params, primal_avals, name):
+    def __init__(self, params, primal_avals, name, operands=()):
         self.thunk = params["fwd_jaxpr_thunk"]
         self.jax_bwd_fun = params["bwd"]
         self.out_trees = params["out_trees"]
@@ -695,31 +714,42 @@ class _LiftedVJPRule:
         self.closure_interps = None
         self.primal_avals = primal_avals
         self.name = name
+        self.operands = operands  # kept: bwd is traced again for new avals
         self.fwd_graph = None
+        self.fwd_picks = ()
+        self.carried = None
         self.bwd_graphs = {}
         self.handles = {}
 
     def __repr__(self):
         return f"fwd/bwd of {self.name}"
 
-    def fwd(self, consts, primals):
-        from jax._src import core as jcore
+    def _trace_fwd(self, n_primals):
+        jaxpr, jconsts = self.thunk.call_wrapped(*[True] * n_primals)
+        out_tree, _, self.forwards = self.out_trees()
+        self.n_out = out_tree.num_leaves
+        closed, self.fwd_picks, tracers = _closure_as_inputs(jaxpr, jconsts, self.operands,
+                                                             self, "fwd rule")
+        self.fwd_graph = _graph_of(closed, tracers)
 
+    def fwd(self, consts, primals):
         if self.fwd_graph is None:
-            jaxpr, jconsts = self.thunk.call_wrapped(*[True] * len(primals))
-            out_tree, _, self.forwards = self.out_trees()
-            self.n_out = out_tree.num_leaves
-            self.fwd_graph = _graph_of(jcore.ClosedJaxpr(jaxpr, jconsts))
-        results = eval_graph(self.fwd_graph, list(primals))
+            self._trace_fwd(len(primals))
+        args = list(consts) + list(primals)
+        results = eval_graph(self.fwd_graph, [args[i] for i in self.fwd_picks] + list(primals))
         n_res = len(results) - self.n_out
         pruned, outs = iter(results[:n_res]), results[n_res:]
-        args = list(consts) + list(primals)
         res = [next(pruned) if f is None else args[f] for f in self.forwards]
-        return outs, res, None
+        if self.carried is None:  # learn which inputs bwd reads
+            self._bwd_graph(tuple(aval_of(r) for r in res)
+                            + tuple(_ct_aval(aval_of(o)) for o in outs))
+        return outs, res + [args[i] for i in self.carried], None
 
     def _bwd_graph(self, avals):
-        """JAX's bwd on inputs of `avals` as a Graph, and which of its
-        results are symbolic zeros (not outputs of the graph)."""
+        """JAX's bwd on inputs of `avals` (residuals, cotangents) as a
+        Graph taking first the carried inputs it reads, which of those
+        (`slots`, positions in `carried`), and which of its results are
+        symbolic zeros (not outputs of the graph)."""
         from jax._src import ad_util
 
         hit = self.bwd_graphs.get(avals)
@@ -732,15 +762,38 @@ class _LiftedVJPRule:
                 return [c for c in out if not isinstance(c, ad_util.Zero)]
 
             closed = jax.make_jaxpr(flat)(*[a.to_jax() for a in avals])
-            hit = self.bwd_graphs[avals] = (_graph_of(closed), list(zeros))
+            closed, picks, tracers = _closure_as_inputs(closed.jaxpr, closed.consts,
+                                                        self.operands, self, "bwd rule")
+            if self.carried is None:
+                self.carried = tuple(dict.fromkeys(picks))
+            if any(i not in self.carried for i in picks):
+                raise MissingRuleError(
+                    f"differentiating custom_vjp function `{self.name}` (lifted from "
+                    "JAX): its JAX bwd rule, traced for new residual or cotangent "
+                    "types, reads a traced input of the function that it did not read "
+                    "before, which functx did not keep for it. Pass that value to the "
+                    "function as an argument, or write it with functx.custom_vjp."
+                )
+            slots = tuple(self.carried.index(i) for i in picks)
+            hit = self.bwd_graphs[avals] = (_graph_of(closed, tracers), slots, list(zeros))
         return hit
 
     def bwd(self, res_tree, res, cts):
         cts = [tangent_value(c, c.aval) if type(c) is Zero else c for c in cts]
-        args = list(res) + cts
-        graph, zeros = self._bwd_graph(tuple(aval_of(x) for x in args))
-        out = iter(eval_graph(graph, args))
+        n_res = len(res) - len(self.carried)
+        res, carried = list(res[:n_res]), list(res[n_res:])
+        args = res + cts
+        graph, slots, zeros = self._bwd_graph(tuple(aval_of(x) for x in args))
+        out = iter(eval_graph(graph, [carried[j] for j in slots] + args))
         return [Zero(a) if z else _real_ct(next(out), a) for z, a in zip(zeros, self.primal_avals)]
+
+
+def _ct_aval(aval):
+    """The aval of the cotangent bwd most likely gets for an output of
+    `aval` (see `bwd`: float0 for a non-float output)."""
+    if is_float(aval):
+        return aval.update(weak_type=False)
+    return aval.update(dtype=_float0(), weak_type=False)
 
 
 def _real_ct(c, aval):
@@ -769,11 +822,11 @@ def _lift_custom_jvp(params, operands):
                                  name=name)
 
 
-def _lift_custom_vjp(params):
+def _lift_custom_vjp(params, operands):
     call_jaxpr = params["call_jaxpr"]
     nc = params["num_consts"]
     name = _jaxpr_name(call_jaxpr, "custom_vjp")
-    rule = _LiftedVJPRule(params, _in_avals(call_jaxpr, nc), name)
+    rule = _LiftedVJPRule(params, _in_avals(call_jaxpr, nc), name, operands)
     return custom_vjp_call, dict(call=_graph_of(call_jaxpr), rule=rule, num_consts=nc,
                                  name=name)
 
@@ -781,6 +834,7 @@ def _lift_custom_vjp(params):
 _lift_custom_jvp.primitive = custom_jvp_call
 _lift_custom_jvp.takes_operands = True
 _lift_custom_vjp.primitive = custom_vjp_call
+_lift_custom_vjp.takes_operands = True
 
 
 def _register_lift_rules():
