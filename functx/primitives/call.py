@@ -51,24 +51,33 @@ def _jvp(primals, tangents, *, graph, name):
                   for o, nz in zip(outs, split.out_nonzero)]
 
 
+def transpose_applied_graph(graph, cts, args, apply):
+    """Cotangents of `args` of a linear `graph` applied to them, given the
+    output cotangents `cts`: the transposed graph (on the non-linear args
+    and the nonzero cotangents) run by `apply(transposed, inputs)`."""
+    linear = tuple(is_linear(a) for a in args)
+    ct_nonzero = tuple(type(c) is not Zero for c in cts)
+    if not any(ct_nonzero):
+        return [None] * len(args)
+    transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
+    fixed = [a for a, lin in zip(args, linear) if not lin]
+    live = [c for c in cts if type(c) is not Zero]
+    outs = iter(apply(transposed, fixed + live) if any(in_nonzero) else ())
+    nonzero = iter(in_nonzero)
+    return [None if not lin else (next(outs) if next(nonzero) else Zero(a.aval))
+            for a, lin in zip(args, linear)]
+
+
 def graph_transpose_rule(prim):
     """The transpose rule of a primitive `prim(*args, graph, name)` that
     applies a staged graph: bind `prim` again on the transposed graph
     (shared by jit_call and checkpoint_call)."""
 
     def rule(cts, *args, graph, name):
-        linear = tuple(is_linear(a) for a in args)
-        ct_nonzero = tuple(type(c) is not Zero for c in cts)
-        if not any(ct_nonzero):
-            return [None] * len(args)
-        transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
-        fixed = [a for a, lin in zip(args, linear) if not lin]
-        live = [c for c in cts if type(c) is not Zero]
-        outs = iter(bind(prim, *fixed, *live, graph=transposed, name=f"transpose({name})")
-                    if any(in_nonzero) else ())
-        nonzero = iter(in_nonzero)
-        return [None if not lin else (next(outs) if next(nonzero) else Zero(a.aval))
-                for a, lin in zip(args, linear)]
+        return transpose_applied_graph(
+            graph, cts, args,
+            lambda transposed, ins: bind(prim, *ins, graph=transposed,
+                                         name=f"transpose({name})"))
 
     return rule
 

@@ -85,6 +85,7 @@ from .common import (
     shape_rules,
     transpose_rules,
 )
+from .call import transpose_applied_graph
 from .elementwise import mul
 from .reductions import reduce_sum
 
@@ -157,17 +158,7 @@ def graph_jvp(graph, primals, tangents):
 
 def graph_transpose(graph, cts, args):
     """Transpose rule of a primitive whose meaning is the (linear) graph."""
-    linear = tuple(is_linear(a) for a in args)
-    ct_nonzero = tuple(type(c) is not Zero for c in cts)
-    if not any(ct_nonzero):
-        return [None] * len(args)
-    transposed, in_nonzero = transpose_graph(graph, linear, ct_nonzero)
-    fixed = [a for a, lin in zip(args, linear) if not lin]
-    live = [c for c in cts if type(c) is not Zero]
-    outs = iter(eval_graph(transposed, fixed + live) if any(in_nonzero) else ())
-    nonzero = iter(in_nonzero)
-    return [None if not lin else (next(outs) if next(nonzero) else Zero(a.aval))
-            for a, lin in zip(args, linear)]
+    return transpose_applied_graph(graph, cts, args, eval_graph)
 
 
 def batch_to_front(graph, size, dims):
@@ -624,9 +615,8 @@ class _LiftedJVPRule:
     def __call__(self, consts, primals, tangents):
         if self.graph is None:
             self._trace()
-        args = list(consts) + list(primals)
         ts = [tangent_value(t, a) for t, a in zip(tangents, self.primal_avals)]
-        results = eval_graph(self.graph, [args[i] for i in self.picks] + list(primals) + ts)
+        results = eval_graph(self.graph, _picked(self.picks, consts, primals) + list(primals) + ts)
         n = len(self.out_zeros)
         outs, touts = results[:n], iter(results[n:])
         tangents_out = []
@@ -636,6 +626,14 @@ class _LiftedJVPRule:
                 t = Zero.of(o)
             tangents_out.append(t)
         return outs, tangents_out
+
+
+def _picked(picks, consts, primals):
+    """The equation inputs (consts then primals) at the indices `picks`."""
+    if not picks:
+        return []
+    args = list(consts) + list(primals)
+    return [args[i] for i in picks]
 
 
 def _closure_as_inputs(jaxpr, consts, operands, rule, what):
