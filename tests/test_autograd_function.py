@@ -17,7 +17,7 @@ import torch
 import functx as fx
 import functx.numpy as fnp
 from functx.autograd import Function
-from functx.errors import FunctxRuntimeError, FunctxValueError
+from functx.errors import FunctxRuntimeError, FunctxTypeError, FunctxValueError
 
 X = np.array([0.3, -0.7, 1.1])
 
@@ -330,3 +330,82 @@ class _BadNone(Function):
     @staticmethod
     def backward(ctx, g):
         return g * 3, 1.0
+
+
+# ---- keyword and default arguments of apply, as torch 2.13 binds them -----
+
+
+def _keyword_functions(lib):
+    base, exp = (torch.autograd.Function, torch.exp) if lib is torch else (Function, fnp.exp)
+
+    class New(base):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x, scale=2.0, shift=None):
+            y = exp(x) * scale
+            return y if shift is None else y + shift
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.n, ctx.scale = len(inputs), inputs[1]
+            ctx.save_for_backward(inputs[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return (g * exp(x) * ctx.scale,) + (None,) * (ctx.n - 1)
+
+    class Old(base):  # backward returns one gradient per argument passed
+        @staticmethod
+        def forward(ctx, x, scale=2.0):
+            ctx.scale = scale
+            ctx.save_for_backward(x)
+            return exp(x) * scale
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * exp(x) * ctx.scale
+
+    return New, Old
+
+
+_KW_CALLS = [  # (class, apply's arguments after x)
+    (0, (), {}), (0, (), {"scale": 3.0}), (0, (3.0,), {"shift": 1.0}), (0, (), {"shift": 0.5}),
+    (1, (), {}),
+]
+
+
+def test_keyword_and_default_arguments_match_torch():
+    """apply binds keywords and defaults to forward's signature as torch
+    does: setup_context sees every bound input, backward returns one gradient
+    per bound input (old style: per argument passed), surplus trailing Nones
+    are dropped; the same binding under grad, jit and (new style) vmap."""
+    ours, theirs = _keyword_functions(fx), _keyword_functions(torch)
+    x = jnp.asarray(X)
+    for k, args, kwargs in _KW_CALLS:
+        xt = torch.tensor(X, requires_grad=True)
+        yt = theirs[k].apply(xt, *args, **kwargs)
+        (gt,) = torch.autograd.grad(yt.sum(), xt)
+        f = lambda x: ours[k].apply(x, *args, **kwargs)  # noqa: B023, E731
+        _close(f(x), yt.detach().numpy())
+        _close(fx.grad(lambda x: f(x).sum())(x), gt.numpy())
+        if k == 0:  # old style has no generated vmap rule, in torch either
+            _close(fx.jit(fx.vmap(fx.grad(lambda x: f(x))))(x), gt.numpy())
+        else:
+            _close(fx.jit(fx.grad(lambda x: f(x).sum()))(x), gt.numpy())
+    # Old style with scale passed: torch counts it as an input, so one gradient is short
+    for args, kwargs in (((3.0,), {}), ((), {"scale": 3.0})):
+        xt = torch.tensor(X, requires_grad=True)
+        with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+            torch.autograd.grad(theirs[1].apply(xt, *args, **kwargs).sum(), xt)
+        with pytest.raises(FunctxValueError, match="incorrect number of gradients"):
+            fx.grad(lambda x: ours[1].apply(x, *args, **kwargs).sum())(x)  # noqa: B023
+    # arguments forward does not take: TypeError in both, naming the signature
+    for args, kwargs in (((), {"bogus": 1}), ((1.0, 2.0, 3.0), {})):
+        with pytest.raises(TypeError):
+            theirs[0].apply(torch.tensor(X), *args, **kwargs)
+        with pytest.raises(FunctxTypeError, match=r"New`.apply.*forward\(x, scale=2.0") as e:
+            fx.grad(lambda x: ours[0].apply(x, *args, **kwargs).sum())(x)  # noqa: B023
+        assert isinstance(e.value, TypeError)

@@ -206,6 +206,66 @@ def _check_style(cls, n_args):
         )
 
 
+def _bind_arguments(cls, args, kwargs):
+    """apply's arguments as the positional tuple that forward, setup_context,
+    backward, jvp and vmap see, and the fewest gradients backward may return.
+
+    As torch: a new-style forward's arguments are bound to its signature,
+    keywords and defaults included, and backward returns one gradient per
+    bound argument. Old style (forward(ctx, ...)) binds the same way; since
+    torch passes keywords to it without making them inputs, backward may omit
+    the gradients of what was not passed positionally."""
+    sig = _signature(cls)
+    if sig is None:
+        if kwargs:
+            raise FunctxTypeError(
+                f"autograd.Function `{cls.__name__}`.apply: keyword arguments "
+                f"{sorted(kwargs)} need a forward with an inspectable signature; "
+                "pass them positionally."
+            )
+        return args, len(args)
+    new = _new_style(cls)
+    if not kwargs and len(args) == sig[1] - (not new):
+        return args, len(args)
+    try:
+        bound = sig[0].bind(*args, **kwargs) if new else sig[0].bind(None, *args, **kwargs)
+    except TypeError as e:
+        raise FunctxTypeError(
+            f"autograd.Function `{cls.__name__}`.apply: {e}. Pass the arguments of "
+            f"forward{sig[0]}."
+        ) from None
+    bound.apply_defaults()
+    if bound.kwargs:
+        raise FunctxTypeError(
+            f"autograd.Function `{cls.__name__}`.apply: forward's keyword-only "
+            f"parameters {sorted(bound.kwargs)} cannot be inputs (setup_context and "
+            "backward see positional inputs only). Make them positional parameters."
+        )
+    full = bound.args if new else bound.args[1:]
+    return full, (len(full) if new else len(args) + len(kwargs))
+
+
+def _signature(cls):
+    """(signature of forward, its number of positional parameters), cached on
+    the class; None if forward takes *args or has no signature."""
+    cached = cls.__dict__.get("_functx_signature", False)
+    if cached is not False:
+        return cached
+    try:
+        sig = inspect.signature(cls.forward)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        params = sig.parameters.values()
+        if any(p.kind == p.VAR_POSITIONAL for p in params):
+            sig = None
+        else:
+            n = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+            sig = (sig, n)
+    type.__setattr__(cls, "_functx_signature", sig)
+    return sig
+
+
 def _run_forward(cls, ctx, args):
     with _applying():
         if _new_style(cls):
@@ -231,8 +291,9 @@ def _flat_outputs(cls, out):
 class _Spec:
     """Which positional arguments are arrays (the primitive's inputs)."""
 
-    def __init__(self, args):
+    def __init__(self, args, required=None):
         self.n = len(args)
+        self.required = self.n if required is None else required  # fewest gradients
         self.array_pos = tuple(i for i, a in enumerate(args) if isinstance(a, _ARRAYS))
         self.template = [None if isinstance(a, _ARRAYS) else a for a in args]
         self.avals = tuple(aval_of(args[i]) for i in self.array_pos)
@@ -240,7 +301,8 @@ class _Spec:
     def key(self):
         from ..lifting import _StaticKey
 
-        return (self.n, self.array_pos, tuple(_StaticKey(x) for x in self.template), self.avals)
+        return (self.n, self.required, self.array_pos,
+                tuple(_StaticKey(x) for x in self.template), self.avals)
 
     def rebuild(self, arrays):
         full = list(self.template)
@@ -367,6 +429,10 @@ class _FunctionRule:
         grads = result if isinstance(result, tuple) else (result,)
         if isinstance(result, list):
             grads = tuple(result)
+        if len(grads) > spec.n and all(g is None for g in grads[spec.n:]):
+            grads = grads[:spec.n]  # as torch: surplus trailing Nones are dropped
+        elif spec.required <= len(grads) < spec.n:
+            grads = grads + (None,) * (spec.n - len(grads))
         if len(grads) != spec.n:
             raise FunctxValueError(
                 f"autograd.Function `{self.name}`: {method} returned an incorrect number "
@@ -583,7 +649,8 @@ class Function(_SingleLevelFunction):
     *grads)` returning one gradient per argument of forward (None for
     non-array arguments), and optionally `jvp(ctx, *tangents)` and
     `vmap(info, in_dims, *args)` or `generate_vmap_rule = True`. Call it
-    with `MyFn.apply(*args)`; it then works under grad, vjp, jvp, vmap,
+    with `MyFn.apply(*args, **kwargs)` (bound to forward's signature with
+    its defaults, as torch does); it then works under grad, vjp, jvp, vmap,
     jacrev, jacfwd, hessian and functx.jit.
     """
 
@@ -603,12 +670,8 @@ class Function(_SingleLevelFunction):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        if kwargs:
-            raise FunctxTypeError(
-                f"autograd.Function `{cls.__name__}`: apply takes positional arguments "
-                "only, as in torch."
-            )
-        _check_style(cls, len(args))
+        _check_style(cls, len(args) + len(kwargs))
+        args, required = _bind_arguments(cls, args, kwargs)
         tracers = [a for a in args if isinstance(a, Tracer)]
         if not tracers and not interpreter_stack():
             ctx = FunctionCtx([isinstance(a, _ARRAYS) and _custom.is_float(aval_of(a))
@@ -617,7 +680,7 @@ class Function(_SingleLevelFunction):
         if (cls.vmap is _SingleLevelFunction.vmap and not cls.generate_vmap_rule
                 and any(_batched_somewhere(a) for a in tracers)):
             raise _no_vmap_rule(cls)
-        spec = _Spec(args)
+        spec = _Spec(args, required)
         try:
             key = spec.key()
             cache = cls.__dict__.get("_functx_cache")
