@@ -1,19 +1,19 @@
 """The ensemble row against torch.func on the CPU: XLA:CPU's batched
-matrix products against torch.bmm, and the effect of one XLA option.
+matrix products against torch.bmm, and the effect of XLA's YNNPACK options.
 
 Times, back to back in bursts (median and quartiles of the ratios over 15
 pairs of bursts):
 
-  1. the ensemble's three kinds of batched product under jax.jit (forward
-     h @ W, input gradient g @ W^T, weight gradient h^T @ g, 10 models of
-     784x256), as XLA compiles them by default and with YNNPACK fusions off
-     (compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}), each
-     against the same torch.bmm;
-  2. the ensemble workload of benchmarks/run.py under functx.jit, default
-     and with YNNPACK fusions off, against torch.func;
+  1. the ensemble's batched products alone under jax.jit, on device-resident
+     arrays (forward h @ W, input gradient g @ W^T, weight gradients h^T @ g,
+     10 models), compiled three ways (XLA's default, which sends the dots whose
+     operands are row-major to YNNPACK; YNNPACK dots off; all YNNPACK fusions
+     off), each against torch.bmm with all threads and with one thread;
+  2. the ensemble workload of benchmarks/run.py under functx.jit, compiled the
+     same three ways, against torch.func;
   3. with --all: every workload of benchmarks/run.py under functx.jit,
-     default and with YNNPACK fusions off, against jax.jit (default), to
-     see what the option costs elsewhere.
+     compiled the three ways, against jax.jit (default), to see what each
+     option costs elsewhere.
 
 Usage: python benchmarks/cpu_dots.py [--all]   (CPU only; needs torch)
 """
@@ -34,6 +34,9 @@ import run as R  # noqa: E402  (the workloads, written once for every backend)
 import functx as fx  # noqa: E402
 
 YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# XLA's default list is INDIVIDUAL_DOT,REDUCE; this keeps the reductions.
+YNN_DOTS_OFF = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+COMPILES = (("default", None), ("YNNPACK dots off", YNN_DOTS_OFF), ("YNNPACK off", YNN_OFF))
 PAIRS = 15
 
 
@@ -63,29 +66,50 @@ def blocking(fn, *args):
     return lambda: jax.block_until_ready(fn(*args))
 
 
+def threads(n, call):
+    def timed():
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            return call()
+        finally:
+            torch.set_num_threads(before)
+
+    return timed
+
+
 def main():
     torch.set_num_threads(R.cpu_count())
     print(f"{R.cpu_model()}, {R.cpu_count()} CPUs, jax {jax.__version__}, torch {torch.__version__}")
     rng = np.random.default_rng(0)
-    h = rng.standard_normal((10, 64, 784)).astype(np.float32)
+    x = rng.standard_normal((10, 64, 784)).astype(np.float32)
+    h = rng.standard_normal((10, 64, 256)).astype(np.float32)
     g = rng.standard_normal((10, 64, 256)).astype(np.float32)
-    w = rng.standard_normal((10, 784, 256)).astype(np.float32)
-    th, tg, tw = map(torch.from_numpy, (h, g, w))
+    w0 = rng.standard_normal((10, 784, 256)).astype(np.float32)
+    w1 = rng.standard_normal((10, 256, 256)).astype(np.float32)
     products = [  # (name, lhs, rhs, contracted axes, the same with torch.bmm)
-        ("forward h @ W", h, w, (2, 1), lambda: torch.bmm(th, tw)),
-        ("input gradient g @ W^T", g, w, (2, 2), lambda: torch.bmm(tg, tw.transpose(1, 2))),
-        ("weight gradient h^T @ g", h, g, (1, 1), lambda: torch.bmm(th.transpose(1, 2), tg)),
+        ("forward x @ W0", x, w0, (2, 1), lambda a, b: torch.bmm(a, b)),
+        ("forward h @ W1", h, w1, (2, 1), lambda a, b: torch.bmm(a, b)),
+        ("input gradient g @ W1^T", g, w1, (2, 2), lambda a, b: torch.bmm(a, b.transpose(1, 2))),
+        ("weight gradient h^T @ g", h, g, (1, 1), lambda a, b: torch.bmm(a.transpose(1, 2), b)),
+        ("weight gradient x^T @ g", x, g, (1, 1), lambda a, b: torch.bmm(a.transpose(1, 2), b)),
     ]
-    print("batched products of 10 models, time / torch.bmm (default, YNNPACK fusions off):")
+    labels = ", ".join(label for label, _ in COMPILES)
+    print(f"batched products of 10 models, time / torch.bmm with {R.cpu_count()} threads "
+          f"and with 1 thread ({labels}):")
     for name, a, b, (ca, cb), bmm in products:
         def product(a, b, ca=ca, cb=cb):
             return lax.dot_general(a, b, (((ca,), (cb,)), ((0,), (0,))), precision="highest")
 
-        lowered = jax.jit(product).lower(a, b)
-        default, off = lowered.compile(), lowered.compile(YNN_OFF)
-        library = "YNNPACK" if "__ynn_fusion" in default.as_text() else "XLA's own dot"
-        print(f"  {name} ({library} by default): {paired(blocking(default, a, b), bmm)}, "
-              f"{paired(blocking(off, a, b), bmm)}")
+        ja, jb = jax.device_put(a), jax.device_put(b)  # numpy inputs would be copied per call
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        torch_call = lambda: bmm(ta, tb)  # noqa: E731
+        lowered = jax.jit(product).lower(ja, jb)
+        compiled = [lowered.compile(options) for _, options in COMPILES]
+        library = "YNNPACK" if "__ynn_fusion" in compiled[0].as_text() else "XLA's own dot"
+        cells = [f"{paired(blocking(c, ja, jb), torch_call)} / "
+                 f"{paired(blocking(c, ja, jb), threads(1, torch_call))}" for c in compiled]
+        print(f"  {name} ({library} by default): {', '.join(cells)}", flush=True)
 
     workload = next(wl for wl in R.WORKLOADS if wl.name.startswith("ensemble"))
     data = workload.data()
@@ -93,19 +117,19 @@ def main():
     tf = workload.build(R.TORCH)
     torch_call = lambda: tf(*targs)  # noqa: E731
     print(f"{workload.name}, time / torch.func eager:")
-    for label, options in (("functx.jit", None), ("functx.jit, YNNPACK fusions off", YNN_OFF)):
+    for label, options in COMPILES:
         fn = fx.jit(workload.build(R.FUNCTX), compiler_options=options)
-        print(f"  {label}: {paired(blocking(fn, *args), torch_call)}")
+        print(f"  functx.jit, {label}: {paired(blocking(fn, *args), torch_call)}", flush=True)
     if "--all" not in sys.argv:
         return
-    print("every workload, functx.jit time / jax.jit time (default, YNNPACK fusions off):")
+    print(f"every workload, functx.jit time / jax.jit time ({labels}):")
     for workload in R.WORKLOADS:
         args = R.convert(workload.data(), R.JAX)
         reference = blocking(jax.jit(workload.build(R.JAX)), *args)
         cells = [paired(blocking(fx.jit(workload.build(R.FUNCTX), compiler_options=options),
                                  *args), reference)
-                 for options in (None, YNN_OFF)]
-        print(f"  {workload.name}: {cells[0]}, {cells[1]}", flush=True)
+                 for _, options in COMPILES]
+        print(f"  {workload.name}: {', '.join(cells)}", flush=True)
 
 
 if __name__ == "__main__":
