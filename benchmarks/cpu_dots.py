@@ -13,9 +13,12 @@ pairs of bursts):
      same three ways, against torch.func;
   3. with --all: every workload of benchmarks/run.py under functx.jit,
      compiled the three ways, against jax.jit (default), to see what each
-     option costs elsewhere.
+     option costs elsewhere;
+  4. with --programs (instead of 1-3): programs outside the suite (plain
+     products, MLP gradients, a convolution, attention, softmax reductions)
+     under jax.jit, YNNPACK dots off and YNNPACK off against the default.
 
-Usage: python benchmarks/cpu_dots.py [--all]   (CPU only; needs torch)
+Usage: python benchmarks/cpu_dots.py [--all | --programs]   (CPU only; needs torch)
 """
 
 import os
@@ -24,6 +27,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
@@ -78,9 +82,52 @@ def threads(n, call):
     return timed
 
 
+def other_programs():
+    """Programs outside the suite, each compiled the three ways."""
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return jax.device_put((rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32))
+
+    def loss(ws, x):
+        for w in ws[:-1]:
+            x = jax.nn.relu(x @ w)
+        return jnp.sum((x @ ws[-1]) ** 2)
+
+    def attention(q, k, v):
+        return jax.nn.softmax(jnp.einsum("hqd,hkd->hqk", q, k), axis=-1) @ v
+
+    def conv(x, k):
+        return lax.conv_general_dilated(x, k, (1, 1), "SAME")
+
+    programs = [
+        ("product 1024x1024x1024", lambda a: a @ a, (arr(1024, 1024),)),
+        ("product 256x256x256", lambda a: a @ a, (arr(256, 256),)),
+        ("product 64x64x64", lambda a: a @ a, (arr(64, 64),)),
+        ("MLP gradient 784-512-512-10, B=128", jax.grad(loss),
+         ([arr(784, 512), arr(512, 512), arr(512, 10)], arr(128, 784))),
+        ("MLP gradient 32-64-64-1, B=32", jax.grad(loss),
+         ([arr(32, 64), arr(64, 64), arr(64, 1)], arr(32, 32))),
+        ("vmap over 32 tasks of an MLP gradient 1-40-40-1, B=10",
+         jax.vmap(jax.grad(loss), (None, 0)), ([arr(1, 40), arr(40, 40), arr(40, 1)], arr(32, 10, 1))),
+        ("convolution 3x3, 32 channels, 32x32, B=16", conv, (arr(16, 32, 32, 32), arr(32, 32, 3, 3))),
+        ("attention, 8 heads, 128x64", attention, (arr(8, 128, 64), arr(8, 128, 64), arr(8, 128, 64))),
+        ("softmax reductions 512x512", lambda x: jnp.sum(jax.nn.log_softmax(x, -1) * x), (arr(512, 512),)),
+    ]
+    print("other programs under jax.jit, time / XLA's default (YNNPACK dots off, YNNPACK off):")
+    for name, fn, args in programs:
+        lowered = jax.jit(fn).lower(*args)
+        compiled = [lowered.compile(options) for _, options in COMPILES]
+        base = blocking(compiled[0], *args)
+        cells = [paired(blocking(c, *args), base) for c in compiled[1:]]
+        print(f"  {name}: {', '.join(cells)}", flush=True)
+
+
 def main():
     torch.set_num_threads(R.cpu_count())
     print(f"{R.cpu_model()}, {R.cpu_count()} CPUs, jax {jax.__version__}, torch {torch.__version__}")
+    if "--programs" in sys.argv:
+        return other_programs()
     rng = np.random.default_rng(0)
     x = rng.standard_normal((10, 64, 784)).astype(np.float32)
     h = rng.standard_normal((10, 64, 256)).astype(np.float32)
