@@ -228,6 +228,48 @@ def test_compiler_options_reach_xla():
         close(off(a, b), jnp.tanh(a @ b))
 
 
+def _in_ynn(compiled_text):
+    return "__ynn_fusion" in compiled_text
+
+
+def test_large_products_compile_without_ynnpack_on_cpu():
+    """NOTE [XLA:CPU's matrix-product library]: on the CPU backend a program
+    whose largest product reaches _LARGE_PRODUCT multiply-adds compiles with
+    YNNPACK's products off; smaller ones, and any program whose
+    compiler_options name the option, compile as jax.jit's. The choice
+    traces the Python function once, and cached calls run no Python."""
+    import importlib
+
+    jit_module = importlib.import_module("functx.transforms.jit")
+
+    small = (jnp.ones((16, 64), jnp.float32), jnp.ones((64, 64), jnp.float32))
+    big = (jnp.ones((512, 256), jnp.float32), jnp.ones((256, 256), jnp.float32))  # 32M
+    assert 512 * 256 * 256 >= jit_module._LARGE_PRODUCT > 16 * 64 * 64
+    mm = lambda a, b: fnp.tanh(a @ b)  # noqa: E731
+    if jax.default_backend() != "cpu" or not _in_ynn(jax.jit(mm).lower(*big).compile().as_text()):
+        pytest.skip("this XLA computes no products in YNNPACK")
+    body = Counted(mm)
+    jf = fx.jit(body)
+    for args in (small, big):
+        close(jf(*args), jnp.tanh(args[0] @ args[1]))
+        close(jf(*args), jnp.tanh(args[0] @ args[1]))
+    assert body.calls == 2  # one trace per signature, cached calls in C++
+    assert _in_ynn(jf.lower(*small).compile().as_text())
+    assert not _in_ynn(jf.lower(*big).compile().as_text())
+    # the same inside a loop body, and under transforms traced by JAX
+    looped = fx.jit(lambda a, b: jax.lax.fori_loop(0, 2, lambda i, c: mm(a, b) + c, a @ b))
+    assert not _in_ynn(looped.lower(*big).compile().as_text())
+    per_row = fx.jit(fx.vmap(fx.grad(lambda a, b: mm(a, b).sum()), in_dims=(0, None)))
+    a3 = jnp.ones((64, 8, 256), jnp.float32)  # 64 x 8 x 256 x 256 = 32M
+    assert not _in_ynn(per_row.lower(a3, big[1]).compile().as_text())
+    close(per_row(a3, big[1]),
+          jax.vmap(jax.grad(lambda a, b: jnp.tanh(a @ b).sum()), in_axes=(0, None))(a3, big[1]))
+    # options the user sets win
+    keep = fx.jit(mm, compiler_options={jit_module._YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"})
+    assert _in_ynn(keep.lower(*big).compile().as_text())
+    close(keep(*big), jnp.tanh(big[0] @ big[1]))
+
+
 # ---------------------------------------------------------------------------
 # The stateful generator under jit
 
