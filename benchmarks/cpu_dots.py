@@ -9,8 +9,10 @@ pairs of bursts):
      10 models), compiled three ways (XLA's default, which sends the dots whose
      operands are row-major to YNNPACK; YNNPACK dots off; all YNNPACK fusions
      off), each against torch.bmm with all threads and with one thread;
-  2. the ensemble workload of benchmarks/run.py under functx.jit, compiled the
-     same three ways, against torch.func;
+     functx.jit's own choice between the first two is NOTE [XLA:CPU's
+     matrix-product library] in functx/transforms/jit.py;
+  2. the ensemble workload of benchmarks/run.py under functx.jit, with no
+     options and compiled the same three ways, against torch.func;
   3. with --all: every workload of benchmarks/run.py under functx.jit,
      compiled the three ways, against jax.jit (default), to see what each
      option costs elsewhere;
@@ -38,9 +40,14 @@ import run as R  # noqa: E402  (the workloads, written once for every backend)
 import functx as fx  # noqa: E402
 
 YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
-# XLA's default list is INDIVIDUAL_DOT,REDUCE; this keeps the reductions.
+# XLA's default list is INDIVIDUAL_DOT,REDUCE (named here, so that functx.jit's
+# own choice, NOTE [XLA:CPU's matrix-product library], does not apply); the
+# second keeps the reductions only.
+YNN_DEFAULT = {"xla_cpu_experimental_ynn_fusion_type":
+               "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 YNN_DOTS_OFF = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
-COMPILES = (("default", None), ("YNNPACK dots off", YNN_DOTS_OFF), ("YNNPACK off", YNN_OFF))
+COMPILES = (("XLA's default", YNN_DEFAULT), ("YNNPACK dots off", YNN_DOTS_OFF),
+            ("YNNPACK off", YNN_OFF))
 PAIRS = 15
 
 
@@ -164,7 +171,7 @@ def main():
     tf = workload.build(R.TORCH)
     torch_call = lambda: tf(*targs)  # noqa: E731
     print(f"{workload.name}, time / torch.func eager:")
-    for label, options in COMPILES:
+    for label, options in (("no options (its own choice)", None),) + COMPILES:
         fn = fx.jit(workload.build(R.FUNCTX), compiler_options=options)
         print(f"  functx.jit, {label}: {paired(blocking(fn, *args), torch_call)}", flush=True)
     if "--all" not in sys.argv:
