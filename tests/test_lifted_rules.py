@@ -227,3 +227,64 @@ def test_custom_vjp_bwd_reading_no_input_raises():
 
     with pytest.raises(MissingRuleError, match="`f`.*bwd rule.*not an input"):
         fx.grad(lambda x: fx.lift(lambda s, x: make(s)(x))(S, x).sum())(X)
+
+
+# ---- rules defined with symbolic_zeros=True --------------------------------
+
+
+def _sz_functions():
+    from jax.custom_derivatives import SymbolicZero
+
+    @jax.custom_jvp
+    def scaled_sin(x, y):
+        return jnp.sin(x) * y
+
+    def scaled_sin_jvp(primals, tangents):
+        (x, y), (tx, ty) = primals, tangents
+        t = jnp.zeros_like(x)
+        if not isinstance(tx, SymbolicZero):
+            t = t + jnp.cos(x) * y * tx
+        if not isinstance(ty, SymbolicZero):
+            t = t + jnp.sin(x) * ty
+        return scaled_sin(x, y), t
+
+    scaled_sin.defjvp(scaled_sin_jvp, symbolic_zeros=True)
+
+    @jax.custom_vjp
+    def prod(x, y):
+        return x * jnp.tanh(y)
+
+    def prod_fwd(x, y):  # the perturbed flags and a count travel as Python values
+        return prod(x.value, y.value), (x.value, y.value, x.perturbed, y.perturbed, 2)
+
+    def prod_bwd(res, ct):
+        x, y, px, py, two = res
+        assert isinstance(px, bool) and two == 2, "bwd must see fwd's Python values"
+        return (ct * jnp.tanh(y) if px else None,
+                ct * x * (1 - jnp.tanh(y) ** two) if py else None)
+
+    prod.defvjp(prod_fwd, prod_bwd, symbolic_zeros=True)
+    return scaled_sin, prod
+
+
+def test_symbolic_zeros_rules_match_jax():
+    """JAX rules defined with symbolic_zeros=True: a jvp rule that tests
+    for SymbolicZero tangents, and a custom_vjp whose fwd returns the
+    `.perturbed` flags as residuals and whose bwd branches on them (JAX
+    hands such Python residuals to bwd unchanged; so does functx)."""
+    scaled_sin, prod = _sz_functions()
+    lifted = {f: fx.lift(f) for f in (scaled_sin, prod)}
+    y = V + 2.0
+    for f in (scaled_sin, prod):
+        F = lifted[f]
+        _close(fx.grad(lambda x: F(x, y).sum())(X), jax.grad(lambda x: f(x, y).sum())(X))  # noqa: B023
+        _close(fx.grad(lambda y: F(X, y).sum())(y), jax.grad(lambda y: f(X, y).sum())(y))  # noqa: B023
+        _close(fx.jit(fx.vmap(fx.grad(lambda x, y: F(x, y))))(X, y),  # noqa: B023
+               jax.vmap(jax.grad(lambda x, y: f(x, y)))(X, y))  # noqa: B023
+        _close(fx.jacrev(lambda x: F(x, x))(X), jax.jacrev(lambda x: f(x, x))(X))  # noqa: B023
+    # forward mode: JAX's own for the custom_jvp, functx's transposed bwd
+    # for the custom_vjp (JAX refuses it) against the plain function's
+    _close(fx.hessian(lambda x: lifted[scaled_sin](x, y).sum())(X),
+           jax.hessian(lambda x: scaled_sin(x, y).sum())(X))
+    _close(fx.jvp(lambda x: lifted[prod](x, x), (X,), (V,))[1],
+           jax.jvp(lambda x: x * jnp.tanh(x), (X,), (V,))[1])

@@ -63,6 +63,7 @@ a user's `jax.custom_vjp` keep their JAX derivatives.
 import contextlib
 
 import jax
+import jax.extend.core
 import numpy as np
 
 from ..core import Tracer, Zero, aval_of, bind, new_interpreter
@@ -726,6 +727,12 @@ class _LiftedVJPRule:
         jaxpr, jconsts = self.thunk.call_wrapped(*[True] * n_primals)
         out_tree, _, self.forwards = self.out_trees()
         self.n_out = out_tree.num_leaves
+        # Residuals fwd returns as Python values (a `.perturbed` flag, a
+        # count) are literals of its jaxpr; JAX hands them to bwd as they
+        # are, so that bwd can branch on them: so does `_bwd_graph`.
+        computed = iter(jaxpr.outvars[:len(jaxpr.outvars) - self.n_out])
+        self.res_literals = tuple(
+            _literal_value(next(computed)) if f is None else _NOT_LITERAL for f in self.forwards)
         closed, self.fwd_picks, tracers = _closure_as_inputs(jaxpr, jconsts, self.operands,
                                                              self, "fwd rule")
         self.fwd_graph = _graph_of(closed, tracers)
@@ -754,7 +761,11 @@ class _LiftedVJPRule:
         if hit is None:
             zeros = []
 
+            literals = self.res_literals
+
             def flat(*xs):
+                xs = [x if k >= len(literals) or literals[k] is _NOT_LITERAL else literals[k]
+                      for k, x in enumerate(xs)]
                 out = self.jax_bwd_fun.call_wrapped(*xs)
                 zeros[:] = [isinstance(c, ad_util.Zero) for c in out]
                 return [c for c in out if not isinstance(c, ad_util.Zero)]
@@ -784,6 +795,13 @@ class _LiftedVJPRule:
         graph, slots, zeros = self._bwd_graph(tuple(aval_of(x) for x in args))
         out = iter(eval_graph(graph, [carried[j] for j in slots] + args))
         return [Zero(a) if z else _real_ct(next(out), a) for z, a in zip(zeros, self.primal_avals)]
+
+
+_NOT_LITERAL = object()
+
+
+def _literal_value(var):
+    return var.val if isinstance(var, jax.extend.core.Literal) else _NOT_LITERAL
 
 
 def _ct_aval(aval):
