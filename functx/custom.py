@@ -36,6 +36,12 @@ traces (a functx custom function inside lifted JAX code keeps its rule).
 Arguments listed in `nondiff_argnums` are passed to the rules first (to
 custom_vjp's fwd in place, as in JAX); they get no derivative (arrays among
 them are stop_gradient-ed).
+With symbolic_zeros=True, as in JAX: the jvp rule gets a SymbolicZero for
+each input whose tangent is a functx Zero; fwd gets CustomVJPPrimal leaves,
+`perturbed` being which primals carry tangents (`perturbed.flags` in
+primitives/custom.py, set while fwd runs); bwd gets a SymbolicZero for a
+Zero cotangent. Python scalars among fwd's residuals ride in the residual
+structure, not among the traced residuals, so bwd sees them as they are.
 A function may close over values of enclosing transforms, except a value
 being differentiated (its rule cannot say how the output depends on it) or,
 for a custom_vjp under vmap, a batched value: those raise, asking for the
@@ -49,6 +55,7 @@ import inspect
 import jax
 import numpy as np
 from jax import tree_util
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .core import Tracer, Zero, aval_of, bind, interpreter_stack
 from .errors import FunctxTypeError, FunctxValueError
@@ -58,6 +65,7 @@ from .primitives.custom import (
     custom_jvp_call,
     custom_vjp_call,
     is_float,
+    perturbed,
     tangent_value,
 )
 
@@ -318,7 +326,11 @@ class _UserJVPRule:
     def __call__(self, consts, primals, tangents):
         owner, staged, spec = self.owner, self.staged, self.staged.spec
         _, nd_args, diff_args = spec.rebuild(consts[self.n_closure:], primals)
-        ts = [tangent_value(t, a) for t, a in zip(tangents, self.primal_avals)]
+        if owner.symbolic_zeros:
+            ts = [_symbolic_zero(a) if type(t) is Zero else tangent_value(t, a)
+                  for t, a in zip(tangents, self.primal_avals)]
+        else:
+            ts = [tangent_value(t, a) for t, a in zip(tangents, self.primal_avals)]
         t_args = tree_util.tree_unflatten(spec.in_tree, ts)
         rule = owner.jvp
         rule_name = _name(rule)
@@ -342,7 +354,7 @@ class _UserJVPRule:
             )
         touts = []
         for i, (t, a) in enumerate(zip(t_leaves, staged.out_avals)):
-            if not is_float(a):
+            if not is_float(a) or isinstance(t, SymbolicZero):
                 touts.append(_zero(a))
                 continue
             if not isinstance(t, _ARRAYS + _SCALARS):
@@ -364,6 +376,12 @@ class _UserJVPRule:
 
 def _zero(aval):
     return Zero(aval)
+
+
+def _symbolic_zero(aval):
+    """JAX's marker for a zero tangent, given to rules defined with
+    symbolic_zeros=True."""
+    return SymbolicZero(jax.core.ShapedArray(aval.shape, aval.dtype).to_tangent_aval())
 
 
 class _UserVJPRule:
@@ -392,7 +410,13 @@ class _UserVJPRule:
     def fwd(self, consts, primals):
         owner, staged, spec = self.owner, self.staged, self.staged.spec
         nd_values = list(consts[self.n_closure:])
-        full, _, _ = spec.rebuild(nd_values, primals)
+        if owner.symbolic_zeros:  # JAX's CustomVJPPrimal per differentiable leaf
+            flags = perturbed.flags or (True,) * len(primals)
+            full, _, _ = spec.rebuild(nd_values, [
+                CustomVJPPrimal(p, bool(f) and is_float(a))
+                for p, f, a in zip(primals, flags, self.primal_avals, strict=True)])
+        else:
+            full, _, _ = spec.rebuild(nd_values, primals)
         fwd = owner.fwd
         fwd_name = _name(fwd)
         fn = owner.__name__
@@ -404,23 +428,32 @@ class _UserVJPRule:
                 f"`{fn}(*args), residuals`."
             )
         outs = _check_primal_out(owner, fwd_name, result[0], staged, "fwd rule")
-        res, res_tree = tree_util.tree_flatten(result[1])
-        for x in res:
+        leaves, res_tree = tree_util.tree_flatten(result[1])
+        for x in leaves:
             if not isinstance(x, _ARRAYS + _SCALARS):
                 raise FunctxTypeError(
                     f"custom_vjp function `{fn}`: the fwd rule `{fwd_name}` returned a "
                     f"{type(x).__name__} among its residuals; residuals must be arrays. "
                     "Pass non-array values through nondiff_argnums or a closure."
                 )
-        return outs, res + nd_values, (res_tree, len(nd_values))
+        # Python scalars among the residuals (a `.perturbed` flag, a count)
+        # reach bwd as they are, as in JAX, so that bwd may branch on them:
+        # they ride in the structure, not among the traced residuals.
+        statics = tuple((i, x) for i, x in enumerate(leaves) if isinstance(x, _SCALARS))
+        res = [x for x in leaves if not isinstance(x, _SCALARS)]
+        return outs, res + nd_values, (res_tree, len(nd_values), statics)
 
     def bwd(self, res_tree, res, cts):
         owner, staged, spec = self.owner, self.staged, self.staged.spec
-        tree, n_nd = res_tree
+        tree, n_nd, statics = res_tree
         n_res = len(res) - n_nd
-        res_obj = tree_util.tree_unflatten(tree, list(res[:n_res]))
+        arrays, fixed = iter(res[:n_res]), dict(statics)
+        res_obj = tree_util.tree_unflatten(tree, [
+            fixed[i] if i in fixed else next(arrays) for i in range(n_res + len(statics))])
         _, nd_args, _ = spec.rebuild(list(res[n_res:]), [None] * len(self.primal_avals))
-        ct_vals = [tangent_value(c, c.aval) if type(c) is Zero else c for c in cts]
+        ct_vals = [c if type(c) is not Zero else
+                   _symbolic_zero(c.aval) if owner.symbolic_zeros else tangent_value(c, c.aval)
+                   for c in cts]
         ct_obj = tree_util.tree_unflatten(staged.out_tree, ct_vals)
         bwd = owner.bwd
         bwd_name = _name(bwd)
@@ -444,7 +477,7 @@ class _UserVJPRule:
 
         def place(ct, sub):
             idx = tree_util.tree_leaves(sub)
-            if ct is None:
+            if ct is None or isinstance(ct, SymbolicZero):
                 return
             if not isinstance(sub, int):
                 raise ValueError
@@ -555,6 +588,7 @@ class custom_jvp(_CustomBase):
     def __init__(self, fun, nondiff_argnums=()):
         super().__init__(fun, nondiff_argnums)
         self.jvp = None
+        self.symbolic_zeros = False
 
     def defjvp(self, jvp, symbolic_zeros=False):
         """Set the jvp rule; returns it, so it can be used as a decorator."""
@@ -563,12 +597,8 @@ class custom_jvp(_CustomBase):
                 f"custom_jvp function `{self.__name__}`: defjvp expects a function "
                 f"(primals, tangents) -> (primal_out, tangent_out), got {type(jvp).__name__}."
             )
-        if symbolic_zeros:
-            raise FunctxValueError(
-                f"custom_jvp function `{self.__name__}`: defjvp(symbolic_zeros=True) is not "
-                "supported by functx; rules always receive zeros as arrays. Drop the flag."
-            )
         self.jvp = jvp
+        self.symbolic_zeros = bool(symbolic_zeros)
         self._reset()
         return jvp
 
@@ -609,7 +639,7 @@ class custom_jvp(_CustomBase):
     def _jax_version(self):
         if self._jax is None:
             j = jax.custom_jvp(self.fun, nondiff_argnums=self.nondiff_argnums)
-            j.defjvp(self.jvp)
+            j.defjvp(self.jvp, symbolic_zeros=self.symbolic_zeros)
             self._jax = j
         return self._jax
 
@@ -647,6 +677,7 @@ class custom_vjp(_CustomBase):
         super().__init__(fun, nondiff_argnums)
         self.fwd = None
         self.bwd = None
+        self.symbolic_zeros = False
 
     def defvjp(self, fwd, bwd, symbolic_zeros=False, optimize_remat=False):
         """Set the forward rule `fwd(*args) -> (out, residuals)` and the
@@ -657,13 +688,9 @@ class custom_vjp(_CustomBase):
                     f"custom_vjp function `{self.__name__}`: defvjp expects functions "
                     f"fwd and bwd, got {type(rule).__name__} as {what}."
                 )
-        if symbolic_zeros:
-            raise FunctxValueError(
-                f"custom_vjp function `{self.__name__}`: defvjp(symbolic_zeros=True) is not "
-                "supported by functx; rules always receive arrays. Drop the flag."
-            )
         self.fwd = fwd
         self.bwd = bwd
+        self.symbolic_zeros = bool(symbolic_zeros)
         self._reset()
 
     def _check_defined(self):
@@ -676,6 +703,6 @@ class custom_vjp(_CustomBase):
     def _jax_version(self):
         if self._jax is None:
             j = jax.custom_vjp(self.fun, nondiff_argnums=self.nondiff_argnums)
-            j.defvjp(self.fwd, self.bwd)
+            j.defvjp(self.fwd, self.bwd, symbolic_zeros=self.symbolic_zeros)
             self._jax = j
         return self._jax

@@ -535,3 +535,76 @@ def test_errors():
 
     with pytest.raises(fx.FunctxTypeError, match="before its rules were defined"):
         fx.grad(undefined)(1.0)
+
+
+# ---- symbolic_zeros=True --------------------------------------------------
+
+
+def _symbolic_zero_twins(lib, np_, seen):
+    """The same rules for jax and functx: the jvp rule and fwd record what
+    they are given (a SymbolicZero or a value; the perturbed flags), and bwd
+    branches on the flags that fwd returned as residuals."""
+    from jax.custom_derivatives import SymbolicZero
+
+    @lib.custom_jvp
+    def scaled_sin(x, y):
+        return np_.sin(x) * y
+
+    def scaled_sin_jvp(primals, tangents):
+        (x, y), (tx, ty) = primals, tangents
+        seen.append(tuple(isinstance(t, SymbolicZero) for t in tangents))
+        t = np_.zeros_like(x)
+        if not isinstance(tx, SymbolicZero):
+            t = t + np_.cos(x) * y * tx
+        if not isinstance(ty, SymbolicZero):
+            t = t + np_.sin(x) * ty
+        return scaled_sin(x, y), t
+
+    scaled_sin.defjvp(scaled_sin_jvp, symbolic_zeros=True)
+
+    @lib.custom_vjp
+    def prod(x, y):
+        return x * np_.tanh(y)
+
+    def prod_fwd(x, y):
+        seen.append((x.perturbed, y.perturbed))
+        return prod(x.value, y.value), (x.value, y.value, x.perturbed, y.perturbed)
+
+    def prod_bwd(res, ct):
+        x, y, px, py = res
+        return (ct * np_.tanh(y) if px else None,
+                ct * x * (1 - np_.tanh(y) ** 2) if py else None)
+
+    prod.defvjp(prod_fwd, prod_bwd, symbolic_zeros=True)
+    return scaled_sin, prod
+
+
+def test_symbolic_zeros_match_jax():
+    """defjvp / defvjp(symbolic_zeros=True) as in JAX: the jvp rule gets a
+    SymbolicZero for each input without a tangent, fwd gets CustomVJPPrimal
+    values whose `perturbed` says which inputs are differentiated, Python
+    residuals reach bwd unchanged (bwd branches on them), and rules may
+    return SymbolicZero / None. Values and what the rules saw, against JAX."""
+    seen_fx, seen_jax = [], []
+    ours = _symbolic_zero_twins(fx, fnp, seen_fx)
+    theirs = _symbolic_zero_twins(jax, jnp, seen_jax)
+    x, y = jnp.array([0.3, 0.7, -1.1]), jnp.array([1.5, -2.0, 0.4])
+    cases = {
+        "grad x": lambda f, g, T: T.grad(lambda x: (f(x, y) + g(x, y)).sum())(x),
+        "grad y": lambda f, g, T: T.grad(lambda y: (f(x, y) + g(x, y)).sum())(y),
+        "jvp y (custom_jvp)": lambda f, g, T: T.jvp(lambda y: f(x, y), (y,), (x,))[1],
+        "vmap grad": lambda f, g, T: T.vmap(T.grad(lambda a, b: f(a, b) * g(a, b)))(x, y),
+        "hessian (custom_jvp)": lambda f, g, T: T.hessian(lambda x: f(x, y).sum())(x),
+        "jacrev x, x": lambda f, g, T: T.jacrev(lambda x: g(x, x))(x),
+    }
+    for name, case in cases.items():
+        seen_fx.clear()
+        seen_jax.clear()
+        got = case(*ours, fx)
+        want = case(*theirs, jax)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, err_msg=name)
+        assert set(seen_fx) == set(seen_jax), (name, seen_fx, seen_jax)  # not how often
+    # forward mode of the custom_vjp (JAX refuses it): the transposed bwd,
+    # staged, still sees fwd's Python flags
+    _check({"jvp x (custom_vjp)": (fx.jvp(lambda x: ours[1](x, y), (x,), (y,))[1],
+                                   jax.jvp(lambda x: x * jnp.tanh(y), (x,), (y,))[1])})

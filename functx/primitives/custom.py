@@ -61,6 +61,7 @@ a user's `jax.custom_vjp` keep their JAX derivatives.
 """
 
 import contextlib
+import threading
 
 import jax
 import jax.extend.core
@@ -95,6 +96,17 @@ JaxTracer = jax.core.Tracer
 custom_jvp_call = defprim("custom_jvp_call", multiple_results=True)
 custom_vjp_call = defprim("custom_vjp_call", multiple_results=True)
 custom_lin = defprim("custom_lin", multiple_results=True)
+
+
+class _Perturbed(threading.local):
+    """Which primals of the custom_vjp being differentiated carry tangents,
+    while its fwd rule runs (for `CustomVJPPrimal.perturbed` of rules
+    defined with symbolic_zeros=True); None outside."""
+
+    flags = None
+
+
+perturbed = _Perturbed()
 
 
 # --------------------------------------------------------------------------
@@ -454,7 +466,11 @@ def _custom_vjp_jvp(primals, tangents, *, call, rule, num_consts, name):
     if not any(nonzero):
         outs = bind(custom_vjp_call, *primals, call=call, rule=rule, num_consts=nc, name=name)
         return outs, [Zero.of(o) for o in outs]
-    outs, res, res_tree = rule.fwd(list(primals[:nc]), list(primals[nc:]))
+    prev, perturbed.flags = perturbed.flags, nonzero
+    try:
+        outs, res, res_tree = rule.fwd(list(primals[:nc]), list(primals[nc:]))
+    finally:
+        perturbed.flags = prev
     res_avals = tuple(aval_of(r) for r in res)
     key = (res_tree, res_avals, nonzero)
     lin = rule.handles.get(key)
