@@ -584,10 +584,13 @@ def test_symbolic_zeros_match_jax():
     SymbolicZero for each input without a tangent, fwd gets CustomVJPPrimal
     values whose `perturbed` says which inputs are differentiated, Python
     residuals reach bwd unchanged (bwd branches on them), and rules may
-    return SymbolicZero / None. Values and what the rules saw, against JAX."""
+    return SymbolicZero / None. Values and what the rules saw, against JAX;
+    the same JAX rules lifted into functx, against JAX."""
     seen_fx, seen_jax = [], []
     ours = _symbolic_zero_twins(fx, fnp, seen_fx)
     theirs = _symbolic_zero_twins(jax, jnp, seen_jax)
+    lifted_seen = []
+    lifted = tuple(fx.lift(f) for f in _symbolic_zero_twins(jax, jnp, lifted_seen))
     x, y = jnp.array([0.3, 0.7, -1.1]), jnp.array([1.5, -2.0, 0.4])
     cases = {
         "grad x": lambda f, g, T: T.grad(lambda x: (f(x, y) + g(x, y)).sum())(x),
@@ -604,7 +607,13 @@ def test_symbolic_zeros_match_jax():
         want = case(*theirs, jax)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, err_msg=name)
         assert set(seen_fx) == set(seen_jax), (name, seen_fx, seen_jax)  # not how often
+        # the JAX-defined rules lifted into functx: the flags fwd returns
+        # reach bwd as Python values there too (lifted fwd sees every input
+        # perturbed, so only the values are compared)
+        np.testing.assert_allclose(np.asarray(case(*lifted, fx)), np.asarray(want), rtol=1e-12,
+                                   err_msg=f"lifted {name}")
     # forward mode of the custom_vjp (JAX refuses it): the transposed bwd,
     # staged, still sees fwd's Python flags
-    _check({"jvp x (custom_vjp)": (fx.jvp(lambda x: ours[1](x, y), (x,), (y,))[1],
-                                   jax.jvp(lambda x: x * jnp.tanh(y), (x,), (y,))[1])})
+    for g in (ours[1], lifted[1]):
+        _check({"jvp x (custom_vjp)": (fx.jvp(lambda x: g(x, y), (x,), (y,))[1],  # noqa: B023
+                                       jax.jvp(lambda x: x * jnp.tanh(y), (x,), (y,))[1])})

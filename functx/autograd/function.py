@@ -54,10 +54,10 @@ function_call = defprim("autograd_function_call", multiple_results=True)
 class _State(threading.local):
     def __init__(self):
         self.in_apply = 0
-        self.needs = None
 
 
 _state = _State()
+_needs_state = _custom.Perturbed()  # needs_input_grad while a rule runs under jvp
 
 
 @contextlib.contextmanager
@@ -337,7 +337,7 @@ class _FunctionRule:
         return f"autograd.Function {self.name}"
 
     def _needs(self):
-        needs = _state.needs
+        needs = _needs_state.flags
         n = len(self.primal_avals)
         if needs is None or len(needs) != n:
             needs = [_custom.is_float(a) for a in self.primal_avals]
@@ -499,16 +499,10 @@ def _function_jvp(primals, tangents, *, call, rule, num_consts, name):
         outs = bind(function_call, *primals, call=call, rule=rule, num_consts=nc, name=name)
         return outs, [Zero.of(o) for o in outs]
     if rule.has_jvp and not any(_is_reverse_tangent(t) for t in tangents[nc:]):
-        prev, _state.needs = _state.needs, nonzero
-        try:
+        with _custom.perturbed_while(nonzero, _needs_state):
             return rule(list(primals[:nc]), list(primals[nc:]), list(tangents[nc:]))
-        finally:
-            _state.needs = prev
-    prev, _state.needs = _state.needs, nonzero
-    try:
+    with _custom.perturbed_while(nonzero, _needs_state):
         outs, res, struct = rule.fwd(list(primals[:nc]), list(primals[nc:]))
-    finally:
-        _state.needs = prev
     res_avals = tuple(aval_of(r) for r in res)
     key = (struct, res_avals, nonzero)
     lin = rule.handles.get(key)

@@ -98,15 +98,25 @@ custom_vjp_call = defprim("custom_vjp_call", multiple_results=True)
 custom_lin = defprim("custom_lin", multiple_results=True)
 
 
-class _Perturbed(threading.local):
-    """Which primals of the custom_vjp being differentiated carry tangents,
-    while its fwd rule runs (for `CustomVJPPrimal.perturbed` of rules
-    defined with symbolic_zeros=True); None outside."""
+class Perturbed(threading.local):
+    """Which primals of a custom rule being differentiated carry tangents,
+    while its rule runs; None outside. One for custom_vjp
+    (`CustomVJPPrimal.perturbed` of rules defined with symbolic_zeros=True),
+    one for autograd.Function (`ctx.needs_input_grad`)."""
 
     flags = None
 
 
-perturbed = _Perturbed()
+perturbed = Perturbed()
+
+
+@contextlib.contextmanager
+def perturbed_while(flags, state=perturbed):
+    prev, state.flags = state.flags, flags
+    try:
+        yield
+    finally:
+        state.flags = prev
 
 
 # --------------------------------------------------------------------------
@@ -466,11 +476,8 @@ def _custom_vjp_jvp(primals, tangents, *, call, rule, num_consts, name):
     if not any(nonzero):
         outs = bind(custom_vjp_call, *primals, call=call, rule=rule, num_consts=nc, name=name)
         return outs, [Zero.of(o) for o in outs]
-    prev, perturbed.flags = perturbed.flags, nonzero
-    try:
+    with perturbed_while(nonzero):
         outs, res, res_tree = rule.fwd(list(primals[:nc]), list(primals[nc:]))
-    finally:
-        perturbed.flags = prev
     res_avals = tuple(aval_of(r) for r in res)
     key = (res_tree, res_avals, nonzero)
     lin = rule.handles.get(key)
