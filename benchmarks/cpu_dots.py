@@ -10,7 +10,7 @@ pairs of bursts):
      operands are row-major to YNNPACK; YNNPACK dots off; all YNNPACK fusions
      off), each against torch.bmm with all threads and with one thread;
      functx.jit's own choice between the first two is NOTE [XLA:CPU's
-     matrix-product library] in functx/transforms/jit.py;
+     matrix-product library] in functx/xla_cpu.py;
   2. the ensemble workload of benchmarks/run.py under functx.jit, with no
      options and compiled the same three ways, against torch.func;
   3. with --all: every workload of benchmarks/run.py under functx.jit,

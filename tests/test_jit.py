@@ -234,17 +234,16 @@ def _in_ynn(compiled_text):
 
 def test_large_products_compile_without_ynnpack_on_cpu():
     """NOTE [XLA:CPU's matrix-product library]: on the CPU backend a program
-    whose largest product reaches _LARGE_PRODUCT multiply-adds compiles with
+    whose largest product reaches LARGE_PRODUCT multiply-adds compiles with
     YNNPACK's products off; smaller ones, and any program whose
     compiler_options name the option, compile as jax.jit's. The choice
-    traces the Python function once, and cached calls run no Python."""
-    import importlib
-
-    jit_module = importlib.import_module("functx.transforms.jit")
+    traces the Python function once, and cached calls run no Python. The
+    programs eager transforms compile follow the same rule."""
+    from functx import xla_cpu
 
     small = (jnp.ones((16, 64), jnp.float32), jnp.ones((64, 64), jnp.float32))
     big = (jnp.ones((512, 256), jnp.float32), jnp.ones((256, 256), jnp.float32))  # 32M
-    assert 512 * 256 * 256 >= jit_module._LARGE_PRODUCT > 16 * 64 * 64
+    assert 512 * 256 * 256 >= xla_cpu.LARGE_PRODUCT > 16 * 64 * 64
     mm = lambda a, b: fnp.tanh(a @ b)  # noqa: E731
     if jax.default_backend() != "cpu" or not _in_ynn(jax.jit(mm).lower(*big).compile().as_text()):
         pytest.skip("this XLA computes no products in YNNPACK")
@@ -265,9 +264,23 @@ def test_large_products_compile_without_ynnpack_on_cpu():
     close(per_row(a3, big[1]),
           jax.vmap(jax.grad(lambda a, b: jnp.tanh(a @ b).sum()), in_axes=(0, None))(a3, big[1]))
     # options the user sets win
-    keep = fx.jit(mm, compiler_options={jit_module._YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"})
+    keep = fx.jit(mm, compiler_options={xla_cpu.YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"})
     assert _in_ynn(keep.lower(*big).compile().as_text())
     close(keep(*big), jnp.tanh(big[0] @ big[1]))
+    # what eager transforms compile (a graph as one program, a single
+    # eager dot_general) follows the same rule
+    from functx.interpreters.eval import compiled, impl_rules
+    from functx.primitives.dot import dot_general_p
+
+    for args, large in ((small, False), (big, True)):
+        graph = fx.make_graph(mm)(*args)
+        assert _in_ynn(compiled(graph).lower(*args).compile().as_text()) is not large
+    impl = impl_rules[dot_general_p]
+    (params,) = [e.params for e in fx.make_graph(mm)(*big).eqns if e.prim is dot_general_p]
+    for args, large in ((small, False), (big, True)):
+        close(impl(*args, **params), args[0] @ args[1])
+        program = impl.programs[tuple(params.items()) + (large,)]
+        assert _in_ynn(program.lower(*args).compile().as_text()) is not large
 
 
 # ---------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from functools import partial
 
 import jax
 
+from .. import xla_cpu
+
 impl_rules = {}  # Primitive -> callable(*args, **params)
 
 _JaxTracer = jax.core.Tracer
@@ -24,6 +26,7 @@ def lower_to_jax(prim):
     """Register the evaluation of `prim` as its JAX primitive."""
     jax_prim = prim.jax
     compiled = {}
+    sized = prim.name == "dot_general"  # NOTE [XLA:CPU's matrix-product library]
 
     def impl(*args, **params):
         for a in args:
@@ -31,13 +34,19 @@ def lower_to_jax(prim):
                 return jax_prim.bind(*args, **params)
         try:
             key = tuple(params.items())
+            if sized:
+                key += (xla_cpu.dot_size(args[0].shape, args[1].shape,
+                                         params["dimension_numbers"]) >= xla_cpu.LARGE_PRODUCT,)
             fn = compiled[key]
         except KeyError:
-            fn = compiled[key] = jax.jit(partial(jax_prim.bind, **params))
+            options = xla_cpu.options_for(xla_cpu.LARGE_PRODUCT) if sized and key[-1] else None
+            fn = compiled[key] = jax.jit(partial(jax_prim.bind, **params),
+                                         compiler_options=options)
         except TypeError:  # unhashable parameters: no cache
             return jax_prim.bind(*args, **params)
         return fn(*args)
 
+    impl.programs = compiled  # parameters (and for dot_general: large?) -> jitted bind
     impl_rules[prim] = impl
     return impl
 
@@ -56,7 +65,9 @@ def compiled(graph):
     if fn is None:
         from .staging import eval_graph
 
-        fn = graph.cache["compiled"] = jax.jit(lambda *args: eval_graph(graph, args))
+        options = xla_cpu.options_for(xla_cpu.largest_in_graph(graph))
+        fn = graph.cache["compiled"] = jax.jit(lambda *args: eval_graph(graph, args),
+                                               compiler_options=options)
     return fn
 
 

@@ -44,6 +44,7 @@ multiple results (with `Zero` where an output got no cotangent).
 """
 
 from .. import core as _core
+from .. import xla_cpu
 from ..core import Aval, Zero, aval_of, bind, missing_rule
 from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
@@ -307,7 +308,8 @@ def _compile_backward(graph, consts):
         in_cts = backward_pass(template, cts, known=dict(zip(order, const_vals)))
         return [None if type(c) is Zero else c for c in in_cts]
 
-    return jax.jit(transpose)
+    options = xla_cpu.options_for(xla_cpu.largest_in_graph(template))
+    return jax.jit(transpose, compiler_options=options)
 
 
 class LinearMap:

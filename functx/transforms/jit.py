@@ -32,34 +32,23 @@ handler is installed through JAX internals (`jax._src.pjit`); if they are
 not as expected, `jit` returns a Python `Jitted` wrapper instead, which
 costs ~1.5 µs more per call.
 
-NOTE [XLA:CPU's matrix-product library]
-XLA:CPU (jax 0.10) computes a matrix product with row-major operands in
-YNNPACK and any other in its own dot (XLA's default YNNPACK list is
-INDIVIDUAL_DOT,REDUCE). Measured on the 2-core CI VM (benchmarks/cpu_dots.py,
-benchmarks/RESULTS.md), YNNPACK is the faster of the two on small products
-(MAML's 10x40x40, a 32-64-64-1 MLP, a 256x128x128 product: 1.08x-1.34x
-slower without it) and XLA's own dot on large ones (the ensemble, batched
-Jacobians, a 784-512-512-10 MLP gradient, a 1024^3 product: 0.59x-0.89x);
-from 4M to 32M multiply-adds it makes no difference either way. So on the CPU
-backend, unless the user's `compiler_options` set that option, `_miss`
-traces the program first (JAX caches the trace, and compiles it when the
-rule does not apply) and compiles a program whose largest product reaches
-`_LARGE_PRODUCT` with YNNPACK's products off and its reductions kept: the
-cache miss of a second C++ jitted function, built with those options, whose
-result the first function caches, so later calls stay in C++. If jaxlib
-rejects the option, the rule turns itself off.
+`jit` compiles with the options of NOTE [XLA:CPU's matrix-product library]
+(functx/xla_cpu.py): `_miss` traces the program first (JAX caches the trace,
+and compiles it when the options are the user's) and compiles one whose
+options differ through the cache miss of a second C++ jitted function built
+with them, whose result the first function caches, so later calls stay in
+C++.
 """
 
 import functools
 import inspect
-import math
 import threading
 
 import jax
-import jax.extend.core
 from jax import tree_util
 
 from .. import random as _random
+from .. import xla_cpu
 from ..core import _state as _stack_state
 from ..core import aval_of, bind
 from ..errors import FunctxTypeError, FunctxValueError
@@ -156,38 +145,6 @@ def _cpp_jit(fun, miss, options, with_jax_miss=False):
     return (jitted, proxy.cache_miss) if with_jax_miss else jitted
 
 
-# NOTE [XLA:CPU's matrix-product library]
-_YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
-_YNN_PRODUCTS_OFF = {_YNN_OPTION: "LIBRARY_FUSION_TYPE_REDUCE"}
-_LARGE_PRODUCT = 1 << 25  # multiply-adds (32M)
-_products_rule = {"on": True}
-
-
-def _largest_product(jaxpr):
-    """The most multiply-adds of one dot_general in `jaxpr` and the jaxprs
-    of its equations (loop bodies count once)."""
-    best = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            (_, rc), (_, rb) = eqn.params["dimension_numbers"]
-            lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
-            free = [d for i, d in enumerate(rhs) if i not in rc and i not in rb]
-            best = max(best, math.prod(lhs) * math.prod(free))
-        for sub in _jaxprs_in(eqn.params.values()):
-            best = max(best, _largest_product(sub))
-    return best
-
-
-def _jaxprs_in(values):
-    for v in values:
-        if isinstance(v, jax.extend.core.ClosedJaxpr):
-            yield v.jaxpr
-        elif isinstance(v, jax.extend.core.Jaxpr):
-            yield v
-        elif isinstance(v, (tuple, list)):
-            yield from _jaxprs_in(v)
-
-
 def _learn_fastpath_arity(result):
     if not _fastpath_tail and isinstance(result, tuple) and len(result) >= 2:
         _fastpath_tail.append((None,) + (False,) * (len(result) - 2))
@@ -224,7 +181,7 @@ class Jitted:
     # Jitted wrapping another wrapper never receives theirs.
     __slots__ = ("_fun", "_name", "_static_argnums", "_static_argnames", "_donate", "_pure",
                  "_stateful", "_graphs", "fast", "_compiler_options", "_trace_pure",
-                 "_products_off", "__dict__", "__weakref__")
+                 "_other_jits", "__dict__", "__weakref__")
 
     def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=(),
                  compiler_options=None):
@@ -245,7 +202,7 @@ class Jitted:
 
         trace_pure.__name__ = trace_pure.__qualname__ = self._name
         self._trace_pure = trace_pure
-        self._products_off = None  # (C++ function, its JAX cache miss), built when needed
+        self._other_jits = {}  # sorted options -> (C++ function, its JAX cache miss)
         options = self._jit_options(self._compiler_options)
         self._pure = _cpp_jit(trace_pure, self._miss, options)
         self.fast = self._pure is not None
@@ -262,39 +219,35 @@ class Jitted:
 
     # -- the jax.jit path ---------------------------------------------------
 
-    def _large_products(self, args, kwargs):
-        """Whether this call's program compiles with YNNPACK's products off
-        (NOTE [XLA:CPU's matrix-product library])."""
-        if (not _products_rule["on"] or not self.fast
-                or _YNN_OPTION in (self._compiler_options or {})
-                or jax.default_backend() != "cpu"):
-            return False
+    def _options_for_call(self, args, kwargs):
+        """The compiler options of this call's program (NOTE [XLA:CPU's
+        matrix-product library]): the user's, or a new dict."""
+        if not self.fast or jax.default_backend() != "cpu":
+            return self._compiler_options
         try:
             jaxpr = type(self._pure).trace(self._pure, *args, **kwargs).jaxpr.jaxpr
         except Exception:  # noqa: BLE001 - the compile path raises it again, or handles it
-            return False
-        return _largest_product(jaxpr) >= _LARGE_PRODUCT
+            return self._compiler_options
+        return xla_cpu.options_for(xla_cpu.largest_in_jaxpr(jaxpr), self._compiler_options)
 
-    def _products_off_jit(self):
-        if self._products_off is None:
-            options = self._jit_options({**(self._compiler_options or {}), **_YNN_PRODUCTS_OFF})
-            self._products_off = _cpp_jit(self._trace_pure, lambda miss, a, k: miss(*a, **k),
-                                          options, with_jax_miss=True)
-        return self._products_off
+    def _other_jit(self, options):
+        """(C++ jitted function, its JAX cache miss) compiling with `options`
+        (a dict that differs from the user's), built once."""
+        key = tuple(sorted(options.items()))
+        found = self._other_jits.get(key)
+        if found is None:
+            found = self._other_jits[key] = _cpp_jit(
+                self._trace_pure, lambda miss, a, k: miss(*a, **k), self._jit_options(options),
+                with_jax_miss=True)
+        return found
 
     def _jax_miss(self, jax_miss, args, kwargs):
-        """JAX's cache miss for this call, compiling with the options that
-        NOTE [XLA:CPU's matrix-product library] picks."""
-        if not self._large_products(args, kwargs):
+        """JAX's cache miss for this call, compiling with the options of
+        `_options_for_call`."""
+        options = self._options_for_call(args, kwargs)
+        if options is self._compiler_options:
             return jax_miss(*args, **kwargs)
-        try:
-            return self._products_off_jit()[1](*args, **kwargs)
-        except Exception as e:
-            if _YNN_OPTION not in str(e):
-                raise
-            _products_rule["on"] = False  # this jaxlib does not know the option
-            return jax_miss(*args, **kwargs)
-
+        return self._other_jit(options)[1](*args, **kwargs)
 
     def _trace_stateful(self, key, *args, **kwargs):
         with _random.threaded_state(key) as final:
@@ -351,10 +304,10 @@ class Jitted:
         if self._stateful is None:
             try:
                 # JAX's own `lower` (the C++ function's attribute is this method)
-                if self._large_products(args, kwargs):
-                    jitted = self._products_off_jit()[0]
-                    return type(jitted).lower(jitted, *args, **kwargs)
-                return type(self._pure).lower(self._pure, *args, **kwargs)
+                options = self._options_for_call(args, kwargs)
+                jitted = (self._pure if options is self._compiler_options
+                          else self._other_jit(options)[0])
+                return type(jitted).lower(jitted, *args, **kwargs)
             except _random.UsesGeneratorState:
                 pass
         return self._stateful_jit().lower(_random.get_rng_state(), *args, **kwargs)

@@ -1,0 +1,91 @@
+"""Which XLA options functx compiles with on the CPU backend.
+
+NOTE [XLA:CPU's matrix-product library]
+XLA:CPU (jax 0.10) computes a matrix product with row-major operands in
+YNNPACK and any other in its own dot (XLA's default YNNPACK list is
+INDIVIDUAL_DOT,REDUCE). Measured on the 2-core CI VM (benchmarks/cpu_dots.py,
+benchmarks/RESULTS.md), YNNPACK is the faster of the two on small products
+(MAML's 10x40x40, a 32-64-64-1 MLP, a 256x128x128 product: 1.08x-1.34x
+slower without it) and XLA's own dot on large ones (the ensemble, batched
+Jacobians, a 784-512-512-10 MLP gradient, a 1024^3 product: 0.59x-0.89x);
+from 4M to 32M multiply-adds it makes no difference either way. So on the
+CPU backend every program functx compiles (a `functx.jit` program, and the
+steps eager transforms compile: NOTE [eager reverse mode in few
+dispatches]) whose largest product reaches `LARGE_PRODUCT` multiply-adds is
+compiled with YNNPACK's products off and its reductions kept, unless the
+user's `compiler_options` name the option. If this jaxlib does not know
+the option, nothing changes.
+"""
+
+import functools
+import math
+
+import jax
+import jax.extend.core
+
+YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+PRODUCTS_OFF = {YNN_OPTION: "LIBRARY_FUSION_TYPE_REDUCE"}
+LARGE_PRODUCT = 1 << 25  # multiply-adds (32M)
+
+
+def dot_size(lhs_shape, rhs_shape, dimension_numbers):
+    """Multiply-adds of a dot_general."""
+    (_, rc), (_, rb) = dimension_numbers
+    free = [d for i, d in enumerate(rhs_shape) if i not in rc and i not in rb]
+    return math.prod(lhs_shape) * math.prod(free)
+
+
+def largest_in_jaxpr(jaxpr):
+    """The most multiply-adds of one dot_general in a JAX `jaxpr` and the
+    jaxprs in its equations' parameters (loop bodies count once)."""
+    best = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            best = max(best, dot_size(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape,
+                                      eqn.params["dimension_numbers"]))
+        for sub in _nested(eqn.params.values(), (jax.extend.core.Jaxpr,)):
+            best = max(best, largest_in_jaxpr(sub))
+    return best
+
+
+def largest_in_graph(graph):
+    """The same for a functx Graph and the graphs in its parameters."""
+    from .interpreters.staging import Graph
+
+    best = 0
+    for eqn in graph.eqns:
+        if eqn.prim.name == "dot_general":
+            best = max(best, dot_size(eqn.inputs[0].aval.shape, eqn.inputs[1].aval.shape,
+                                      eqn.params["dimension_numbers"]))
+        for sub in _nested(eqn.params.values(), (Graph,)):
+            best = max(best, largest_in_graph(sub))
+    return best
+
+
+def _nested(values, types):
+    for v in values:
+        if isinstance(v, jax.extend.core.ClosedJaxpr):
+            v = v.jaxpr
+        if isinstance(v, types):
+            yield v
+        elif isinstance(v, (tuple, list)):
+            yield from _nested(v, types)
+
+
+def options_for(largest, options=None):
+    """The compiler options for a program whose largest product has
+    `largest` multiply-adds, given the user's `options` (None: none)."""
+    if (largest < LARGE_PRODUCT or YNN_OPTION in (options or {})
+            or jax.default_backend() != "cpu" or not _known()):
+        return options
+    return {**(options or {}), **PRODUCTS_OFF}
+
+
+@functools.cache
+def _known():
+    """Whether this jaxlib's XLA:CPU takes the option (one tiny compile)."""
+    try:
+        jax.jit(lambda x: x + 1).lower(1.0).compile(PRODUCTS_OFF)
+    except Exception:  # noqa: BLE001 - an unknown option: keep XLA's defaults
+        return False
+    return True
