@@ -14,7 +14,9 @@ steps eager transforms compile: NOTE [eager reverse mode in few
 dispatches]) whose largest product reaches `LARGE_PRODUCT` multiply-adds is
 compiled with YNNPACK's products off and its reductions kept, unless the
 user's `compiler_options` name the option. If this jaxlib does not know
-the option, nothing changes.
+the option, nothing changes. JAX takes compiler options for top-level
+programs only: a program compiled while JAX traces (a call nested in an
+enclosing jax.jit) keeps XLA's defaults, those of the enclosing program.
 """
 
 import functools
@@ -79,6 +81,33 @@ def options_for(largest, options=None):
             or jax.default_backend() != "cpu" or not _known()):
         return options
     return {**(options or {}), **PRODUCTS_OFF}
+
+
+def top_level():
+    """Whether JAX is tracing nothing now (a jitted call would be compiled
+    as its own program, not nested in an enclosing one)."""
+    try:
+        from jax._src import core as jcore
+
+        return jcore.trace_ctx.is_top_level()
+    except (ImportError, AttributeError):  # other JAX layouts: never pass options
+        return False
+
+
+def jit_by_size(fn, largest):
+    """`jax.jit(fn)`, compiled with `options_for(largest)` when called at the
+    top level."""
+    plain = jax.jit(fn)
+    options = options_for(largest)
+    if options is None:
+        return plain
+    tuned = jax.jit(fn, compiler_options=options)
+
+    def call(*args):
+        return (tuned if top_level() else plain)(*args)
+
+    call.lower = lambda *args: (tuned if top_level() else plain).lower(*args)
+    return call
 
 
 @functools.cache

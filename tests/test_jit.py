@@ -267,6 +267,13 @@ def test_large_products_compile_without_ynnpack_on_cpu():
     keep = fx.jit(mm, compiler_options={xla_cpu.YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"})
     assert _in_ynn(keep.lower(*big).compile().as_text())
     close(keep(*big), jnp.tanh(big[0] @ big[1]))
+    # inside an enclosing JAX trace a program is part of the enclosing one
+    # (JAX takes compiler options at the top level only)
+    close(jax.jit(lambda a, b: jf(a, b) * 2)(*big), 2 * jnp.tanh(big[0] @ big[1]))
+    summed = fx.jit(lambda a, b: mm(a, b).sum())
+    want = jax.grad(lambda a, b: jnp.tanh(a @ b).sum())(*big)
+    close(jax.jit(fx.grad(summed))(*big), want)
+    close(jax.jit(lambda a: fx.grad(lambda a: mm(a, big[1]).sum())(a))(big[0]), want)
     # what eager transforms compile (a graph as one program, a single
     # eager dot_general) follows the same rule
     from functx.interpreters.eval import compiled, impl_rules

@@ -35,8 +35,9 @@ def lower_to_jax(prim):
         try:
             key = tuple(params.items())
             if sized:
-                key += (xla_cpu.dot_size(args[0].shape, args[1].shape,
-                                         params["dimension_numbers"]) >= xla_cpu.LARGE_PRODUCT,)
+                key += (xla_cpu.top_level() and xla_cpu.dot_size(
+                    args[0].shape, args[1].shape, params["dimension_numbers"])
+                    >= xla_cpu.LARGE_PRODUCT,)
             fn = compiled[key]
         except KeyError:
             options = xla_cpu.options_for(xla_cpu.LARGE_PRODUCT) if sized and key[-1] else None
@@ -60,14 +61,14 @@ def defimpl(prim, fn):
 
 def compiled(graph):
     """A staged graph as one jax.jit-compiled function of its inputs
-    (returning the list of its outputs), made once per graph."""
+    (returning the list of its outputs), made once per graph (with the
+    options of NOTE [XLA:CPU's matrix-product library])."""
     fn = graph.cache.get("compiled")
     if fn is None:
         from .staging import eval_graph
 
-        options = xla_cpu.options_for(xla_cpu.largest_in_graph(graph))
-        fn = graph.cache["compiled"] = jax.jit(lambda *args: eval_graph(graph, args),
-                                               compiler_options=options)
+        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(
+            lambda *args: eval_graph(graph, args), xla_cpu.largest_in_graph(graph))
     return fn
 
 

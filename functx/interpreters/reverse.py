@@ -289,8 +289,6 @@ def compiled_backward(graph, cts):
 def _compile_backward(graph, consts):
     """A jitted `(consts, cts) -> input cotangents (None for zeros)` for
     every tape with the structure of `graph`; holds no value of `graph`."""
-    import jax
-
     const_vars = {}
     for c in consts:
         const_vars[id(c)] = Var(Aval(c.shape, c.dtype, c.weak_type))
@@ -308,8 +306,7 @@ def _compile_backward(graph, consts):
         in_cts = backward_pass(template, cts, known=dict(zip(order, const_vals)))
         return [None if type(c) is Zero else c for c in in_cts]
 
-    options = xla_cpu.options_for(xla_cpu.largest_in_graph(template))
-    return jax.jit(transpose, compiler_options=options)
+    return xla_cpu.jit_by_size(transpose, xla_cpu.largest_in_graph(template))
 
 
 class LinearMap:

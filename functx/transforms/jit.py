@@ -222,7 +222,7 @@ class Jitted:
     def _options_for_call(self, args, kwargs):
         """The compiler options of this call's program (NOTE [XLA:CPU's
         matrix-product library]): the user's, or a new dict."""
-        if not self.fast or jax.default_backend() != "cpu":
+        if not self.fast or jax.default_backend() != "cpu" or not xla_cpu.top_level():
             return self._compiler_options
         try:
             jaxpr = type(self._pure).trace(self._pure, *args, **kwargs).jaxpr.jaxpr
