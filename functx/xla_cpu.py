@@ -83,15 +83,23 @@ def options_for(largest, options=None):
     return {**(options or {}), **PRODUCTS_OFF}
 
 
-def top_level():
-    """Whether JAX is tracing nothing now (a jitted call would be compiled
-    as its own program, not nested in an enclosing one)."""
+def _top_level_check():
     try:
         from jax._src import core as jcore
 
-        return jcore.trace_ctx.is_top_level()
+        jcore.trace_ctx.is_top_level()
+        return jcore.trace_ctx.is_top_level
     except (ImportError, AttributeError):  # other JAX layouts: never pass options
-        return False
+        return lambda: False
+
+
+_is_top_level = _top_level_check()
+
+
+def top_level():
+    """Whether JAX is tracing nothing now (a jitted call would be compiled
+    as its own program, not nested in an enclosing one)."""
+    return _is_top_level()
 
 
 def jit_by_size(fn, largest):
