@@ -13,7 +13,10 @@ CPU backend every program functx compiles (a `functx.jit` program, and the
 steps eager transforms compile: NOTE [eager reverse mode in few
 dispatches]) whose largest product reaches `LARGE_PRODUCT` multiply-adds is
 compiled with YNNPACK's products off and its reductions kept, unless the
-user's `compiler_options` name the option. If this jaxlib does not know
+user's `compiler_options` name the option, or one of its products has an
+operand matrix over `LARGEST_MATRIX` bytes: XLA's own dot may then hold a
+transient copy of that operand (measured: +32 MB for a 512x16384 one, none
+for the ensemble's 784x256 ones), which would undo what `chunk_size` saves. If this jaxlib does not know
 the option, nothing changes. JAX takes compiler options for top-level
 programs only: a program compiled while JAX traces (a call nested in an
 enclosing jax.jit) keeps XLA's defaults, those of the enclosing program.
@@ -28,40 +31,57 @@ import jax.extend.core
 YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 PRODUCTS_OFF = {YNN_OPTION: "LIBRARY_FUSION_TYPE_REDUCE"}
 LARGE_PRODUCT = 1 << 25  # multiply-adds (32M)
+LARGEST_MATRIX = 1 << 22  # bytes (4 MB): XLA's own dot may hold a copy of one
+NO_PRODUCTS = (0, 0)
 
 
-def dot_size(lhs_shape, rhs_shape, dimension_numbers):
-    """Multiply-adds of a dot_general."""
-    (_, rc), (_, rb) = dimension_numbers
-    free = [d for i, d in enumerate(rhs_shape) if i not in rc and i not in rb]
-    return math.prod(lhs_shape) * math.prod(free)
+def dot_sizes(lhs, rhs, dimension_numbers):
+    """(multiply-adds, bytes of its largest operand matrix) of a dot_general
+    of avals (or arrays) `lhs`, `rhs`; a matrix excludes the batch axes."""
+    (_, rc), (lb, rb) = dimension_numbers
+    free = [d for i, d in enumerate(rhs.shape) if i not in rc and i not in rb]
+    matrix = max(math.prod(d for i, d in enumerate(x.shape) if i not in b) * x.dtype.itemsize
+                 for x, b in ((lhs, lb), (rhs, rb)))
+    return math.prod(lhs.shape) * math.prod(free), matrix
 
 
-def largest_in_jaxpr(jaxpr):
-    """The most multiply-adds of one dot_general in a JAX `jaxpr` and the
-    jaxprs in its equations' parameters (loop bodies count once)."""
-    best = 0
+def _most(a, b):
+    return max(a[0], b[0]), max(a[1], b[1])
+
+
+def sizes_in_jaxpr(jaxpr):
+    """The most multiply-adds of one dot_general in a JAX `jaxpr` (and the
+    jaxprs in its equations' parameters; loop bodies count once), and the
+    largest operand matrix of any of them."""
+    sizes = NO_PRODUCTS
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            best = max(best, dot_size(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape,
-                                      eqn.params["dimension_numbers"]))
+            sizes = _most(sizes, dot_sizes(eqn.invars[0].aval, eqn.invars[1].aval,
+                                           eqn.params["dimension_numbers"]))
         for sub in _nested(eqn.params.values(), (jax.extend.core.Jaxpr,)):
-            best = max(best, largest_in_jaxpr(sub))
-    return best
+            sizes = _most(sizes, sizes_in_jaxpr(sub))
+    return sizes
 
 
-def largest_in_graph(graph):
+def sizes_in_graph(graph):
     """The same for a functx Graph and the graphs in its parameters."""
     from .interpreters.staging import Graph
 
-    best = 0
+    sizes = NO_PRODUCTS
     for eqn in graph.eqns:
         if eqn.prim.name == "dot_general":
-            best = max(best, dot_size(eqn.inputs[0].aval.shape, eqn.inputs[1].aval.shape,
-                                      eqn.params["dimension_numbers"]))
+            sizes = _most(sizes, dot_sizes(eqn.inputs[0].aval, eqn.inputs[1].aval,
+                                           eqn.params["dimension_numbers"]))
         for sub in _nested(eqn.params.values(), (Graph,)):
-            best = max(best, largest_in_graph(sub))
-    return best
+            sizes = _most(sizes, sizes_in_graph(sub))
+    return sizes
+
+
+def takes_products_off(sizes):
+    """Whether a program of these `sizes` compiles with YNNPACK's products
+    off: a large product, and no operand matrix large enough for XLA's own
+    dot's copy of it to matter."""
+    return sizes[0] >= LARGE_PRODUCT and sizes[1] <= LARGEST_MATRIX
 
 
 def _nested(values, types):
@@ -74,10 +94,10 @@ def _nested(values, types):
             yield from _nested(v, types)
 
 
-def options_for(largest, options=None):
-    """The compiler options for a program whose largest product has
-    `largest` multiply-adds, given the user's `options` (None: none)."""
-    if (largest < LARGE_PRODUCT or YNN_OPTION in (options or {})
+def options_for(sizes, options=None):
+    """The compiler options for a program of these `sizes` (see
+    `sizes_in_jaxpr`), given the user's `options` (None: none)."""
+    if (not takes_products_off(sizes) or YNN_OPTION in (options or {})
             or jax.default_backend() != "cpu" or not _known()):
         return options
     return {**(options or {}), **PRODUCTS_OFF}
@@ -102,11 +122,11 @@ def top_level():
     return _is_top_level()
 
 
-def jit_by_size(fn, largest):
-    """`jax.jit(fn)`, compiled with `options_for(largest)` when called at the
+def jit_by_size(fn, sizes):
+    """`jax.jit(fn)`, compiled with `options_for(sizes)` when called at the
     top level."""
     plain = jax.jit(fn)
-    options = options_for(largest)
+    options = options_for(sizes)
     if options is None:
         return plain
     tuned = jax.jit(fn, compiler_options=options)

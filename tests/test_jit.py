@@ -234,8 +234,9 @@ def _in_ynn(compiled_text):
 
 def test_large_products_compile_without_ynnpack_on_cpu():
     """NOTE [XLA:CPU's matrix-product library]: on the CPU backend a program
-    whose largest product reaches LARGE_PRODUCT multiply-adds compiles with
-    YNNPACK's products off; smaller ones, and any program whose
+    whose largest product reaches LARGE_PRODUCT multiply-adds, and whose
+    operand matrices are all at most LARGEST_MATRIX bytes, compiles with
+    YNNPACK's products off; other ones, and any program whose
     compiler_options name the option, compile as jax.jit's. The choice
     traces the Python function once, and cached calls run no Python. The
     programs eager transforms compile follow the same rule."""
@@ -255,6 +256,11 @@ def test_large_products_compile_without_ynnpack_on_cpu():
     assert body.calls == 2  # one trace per signature, cached calls in C++
     assert _in_ynn(jf.lower(*small).compile().as_text())
     assert not _in_ynn(jf.lower(*big).compile().as_text())
+    # a product with a 32 MB operand matrix keeps YNNPACK: XLA's own dot may
+    # hold a copy of it, which chunk_size is there to avoid
+    wide = (jnp.ones((128, 512), jnp.float32), jnp.ones((512, 16384), jnp.float32))
+    assert 512 * 16384 * 4 > xla_cpu.LARGEST_MATRIX
+    assert _in_ynn(fx.jit(mm).lower(*wide).compile().as_text())
     # the same inside a loop body, and under transforms traced by JAX
     looped = fx.jit(lambda a, b: jax.lax.fori_loop(0, 2, lambda i, c: mm(a, b) + c, a @ b))
     assert not _in_ynn(looped.lower(*big).compile().as_text())

@@ -35,15 +35,15 @@ def lower_to_jax(prim):
         try:
             key = tuple(params.items())
             if sized:
-                key += (xla_cpu.top_level() and xla_cpu.dot_size(
-                    args[0].shape, args[1].shape, params["dimension_numbers"])
-                    >= xla_cpu.LARGE_PRODUCT,)
+                key += (xla_cpu.top_level() and xla_cpu.takes_products_off(xla_cpu.dot_sizes(
+                    args[0], args[1], params["dimension_numbers"])),)
             fn = compiled[key]
         except KeyError:
-            options = xla_cpu.options_for(xla_cpu.LARGE_PRODUCT) if sized and key[-1] else None
+            options = (xla_cpu.options_for((xla_cpu.LARGE_PRODUCT, 0)) if sized and key[-1]
+                       else None)
             fn = compiled[key] = jax.jit(partial(jax_prim.bind, **params),
                                          compiler_options=options)
-        except TypeError:  # unhashable parameters: no cache
+        except (TypeError, AttributeError):  # unhashable parameters, shapeless args: no cache
             return jax_prim.bind(*args, **params)
         return fn(*args)
 
@@ -68,7 +68,7 @@ def compiled(graph):
         from .staging import eval_graph
 
         fn = graph.cache["compiled"] = xla_cpu.jit_by_size(
-            lambda *args: eval_graph(graph, args), xla_cpu.largest_in_graph(graph))
+            lambda *args: eval_graph(graph, args), xla_cpu.sizes_in_graph(graph))
     return fn
 
 

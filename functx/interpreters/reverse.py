@@ -306,7 +306,7 @@ def _compile_backward(graph, consts):
         in_cts = backward_pass(template, cts, known=dict(zip(order, const_vals)))
         return [None if type(c) is Zero else c for c in in_cts]
 
-    return xla_cpu.jit_by_size(transpose, xla_cpu.largest_in_graph(template))
+    return xla_cpu.jit_by_size(transpose, xla_cpu.sizes_in_graph(template))
 
 
 class LinearMap:

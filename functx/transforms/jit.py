@@ -228,7 +228,7 @@ class Jitted:
             jaxpr = type(self._pure).trace(self._pure, *args, **kwargs).jaxpr.jaxpr
         except Exception:  # noqa: BLE001 - the compile path raises it again, or handles it
             return self._compiler_options
-        return xla_cpu.options_for(xla_cpu.largest_in_jaxpr(jaxpr), self._compiler_options)
+        return xla_cpu.options_for(xla_cpu.sizes_in_jaxpr(jaxpr), self._compiler_options)
 
     def _other_jit(self, options):
         """(C++ jitted function, its JAX cache miss) compiling with `options`
