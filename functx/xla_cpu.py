@@ -45,6 +45,17 @@ def dot_sizes(lhs, rhs, dimension_numbers):
     return math.prod(lhs.shape) * math.prod(free), matrix
 
 
+def dot_takes_products_off(lhs, rhs, dimension_numbers):
+    """`takes_products_off` for one dot_general, cheap when it is small (the
+    eager path asks for every product it evaluates)."""
+    (_, rc), (_, rb) = dimension_numbers
+    macs = math.prod(lhs.shape)
+    for i, d in enumerate(rhs.shape):
+        if i not in rc and i not in rb:
+            macs *= d
+    return macs >= LARGE_PRODUCT and takes_products_off(dot_sizes(lhs, rhs, dimension_numbers))
+
+
 def _most(a, b):
     return max(a[0], b[0]), max(a[1], b[1])
 
@@ -97,8 +108,13 @@ def _nested(values, types):
 def options_for(sizes, options=None):
     """The compiler options for a program of these `sizes` (see
     `sizes_in_jaxpr`), given the user's `options` (None: none)."""
-    if (not takes_products_off(sizes) or YNN_OPTION in (options or {})
-            or jax.default_backend() != "cpu" or not _known()):
+    return products_off(options) if takes_products_off(sizes) else options
+
+
+def products_off(options=None):
+    """`options` with YNNPACK's products off, where that applies: on the CPU
+    backend, with a jaxlib that knows the option, unless `options` set it."""
+    if YNN_OPTION in (options or {}) or jax.default_backend() != "cpu" or not _known():
         return options
     return {**(options or {}), **PRODUCTS_OFF}
 

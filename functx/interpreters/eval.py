@@ -35,12 +35,11 @@ def lower_to_jax(prim):
         try:
             key = tuple(params.items())
             if sized:
-                key += (xla_cpu.top_level() and xla_cpu.takes_products_off(xla_cpu.dot_sizes(
-                    args[0], args[1], params["dimension_numbers"])),)
+                key += (xla_cpu.top_level() and xla_cpu.dot_takes_products_off(
+                    args[0], args[1], params["dimension_numbers"]),)
             fn = compiled[key]
         except KeyError:
-            options = (xla_cpu.options_for((xla_cpu.LARGE_PRODUCT, 0)) if sized and key[-1]
-                       else None)
+            options = xla_cpu.products_off() if sized and key[-1] else None
             fn = compiled[key] = jax.jit(partial(jax_prim.bind, **params),
                                          compiler_options=options)
         except (TypeError, AttributeError):  # unhashable parameters, shapeless args: no cache
