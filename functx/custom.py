@@ -326,11 +326,8 @@ class _UserJVPRule:
     def __call__(self, consts, primals, tangents):
         owner, staged, spec = self.owner, self.staged, self.staged.spec
         _, nd_args, diff_args = spec.rebuild(consts[self.n_closure:], primals)
-        if owner.symbolic_zeros:
-            ts = [_symbolic_zero(a) if type(t) is Zero else tangent_value(t, a)
-                  for t, a in zip(tangents, self.primal_avals)]
-        else:
-            ts = [tangent_value(t, a) for t, a in zip(tangents, self.primal_avals)]
+        ts = [_symbolic_zero(a) if owner.symbolic_zeros and type(t) is Zero
+              else tangent_value(t, a) for t, a in zip(tangents, self.primal_avals)]
         t_args = tree_util.tree_unflatten(spec.in_tree, ts)
         rule = owner.jvp
         rule_name = _name(rule)

@@ -212,9 +212,9 @@ def _bind_arguments(cls, args, kwargs):
 
     As torch: a new-style forward's arguments are bound to its signature,
     keywords and defaults included, and backward returns one gradient per
-    bound argument. Old style (forward(ctx, ...)) binds the same way; since
-    torch passes keywords to it without making them inputs, backward may omit
-    the gradients of what was not passed positionally."""
+    bound argument. Old style (forward(ctx, ...)) binds the same way, but
+    torch counts only the arguments passed (positionally or by keyword) as
+    inputs, so backward may omit the gradients of defaulted ones."""
     sig = _signature(cls)
     if sig is None:
         if kwargs:
