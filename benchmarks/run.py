@@ -22,7 +22,7 @@ Tables printed:
      memory analysis of the jitted programs, and the measured peak of the
      eager runs (in child processes).
 
-Usage: python benchmarks/run.py [--quick] [--markdown] [--only TEXT]
+Usage: python benchmarks/run.py [--quick] [--markdown] [--only TEXT[,TEXT...]] [--memory-only]
 """
 
 import argparse
@@ -860,14 +860,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds (smoke test)")
     parser.add_argument("--markdown", action="store_true", help="print the tables as markdown")
-    parser.add_argument("--only", metavar="TEXT",
-                        help="only the workloads whose name contains TEXT (no memory table)")
+    parser.add_argument("--only", metavar="TEXT[,TEXT...]",
+                        help="only the workloads whose name contains one of the comma-separated "
+                             "TEXTs (no memory table)")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="only the peak-memory table (no timing tables)")
     parser.add_argument("--probe-memory", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.probe_memory:
         return probe_memory(opts.probe_memory)
     if opts.only:
-        WORKLOADS[:] = [w for w in WORKLOADS if opts.only in w.name]
+        wanted = [t for t in opts.only.split(",") if t]
+        WORKLOADS[:] = [w for w in WORKLOADS if any(t in w.name for t in wanted)]
 
     if TORCH is not None and _torch_device() == "cpu":
         torch.set_num_threads(cpu_count())  # as many threads as XLA's CPU pool
@@ -876,29 +880,30 @@ def main():
     header(md)
     problems = []
 
-    time_rows, paired_rows = time_workloads(rounds, target_s, paired_rounds, problems)
-    render(
-        f"Steady state: median time per call over {rounds} interleaved rounds",
-        ["workload"] + [impl.name for impl in IMPLS]
-        + ["fx-jit / jax-jit", "fx-eager / jax-eager", "fx-jit / torch", "fx-eager / torch"],
-        time_rows, md,
-        notes=[("Results of every column checked against jax jit before timing; '!' marks a "
-                "failed check (listed below). Ensemble: forward + grad of the loss per model.")],
-    )
-    render(
-        f"Paired ratios: median [quartiles] over {paired_rounds} back-to-back pairs of bursts",
-        ["workload"] + [f"{a} / {b}" for a, b in PAIRS] + ["jax jit again / jax jit"],
-        paired_rows, md,
-        notes=["Each burst is about half a steady-state round's calls. The last column times "
-               "a second jax.jit of the same program (a new function object, its own argument "
-               "buffers) against the first: how far apart identical programs measure on this "
-               "machine, the noise floor of the other columns."],
-    )
-    render(
-        f"First call (trace + compile + run) of a newly built jitted function, median of {reps}",
-        ["workload", "functx.jit", "jax.jit", "functx / jax"],
-        first_call_rows(reps, problems), md,
-    )
+    if not opts.memory_only:
+        time_rows, paired_rows = time_workloads(rounds, target_s, paired_rounds, problems)
+        render(
+            f"Steady state: median time per call over {rounds} interleaved rounds",
+            ["workload"] + [impl.name for impl in IMPLS]
+            + ["fx-jit / jax-jit", "fx-eager / jax-eager", "fx-jit / torch", "fx-eager / torch"],
+            time_rows, md,
+            notes=[("Results of every column checked against jax jit before timing; '!' marks a "
+                    "failed check (listed below). Ensemble: forward + grad of the loss per model.")],
+        )
+        render(
+            f"Paired ratios: median [quartiles] over {paired_rounds} back-to-back pairs of bursts",
+            ["workload"] + [f"{a} / {b}" for a, b in PAIRS] + ["jax jit again / jax jit"],
+            paired_rows, md,
+            notes=["Each burst is about half a steady-state round's calls. The last column times "
+                   "a second jax.jit of the same program (a new function object, its own argument "
+                   "buffers) against the first: how far apart identical programs measure on this "
+                   "machine, the noise floor of the other columns."],
+        )
+        render(
+            f"First call (trace + compile + run) of a newly built jitted function, median of {reps}",
+            ["workload", "functx.jit", "jax.jit", "functx / jax"],
+            first_call_rows(reps, problems), md,
+        )
     render(
         "Peak memory of chunked vmap / jacrev (ratio to the unchunked row in parentheses)",
         ["case", "chunk", "k/size", "output"] + MEMORY_COLUMNS,
