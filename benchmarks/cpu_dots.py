@@ -18,9 +18,15 @@ pairs of bursts):
      option costs elsewhere;
   4. with --programs (instead of 1-3): programs outside the suite (plain
      products, MLP gradients, a convolution, attention, softmax reductions)
-     under jax.jit, YNNPACK dots off and YNNPACK off against the default.
+     under jax.jit, YNNPACK dots off and YNNPACK off against the default;
+  5. with --libraries: 1-3 compiled with XLA:CPU's other product libraries
+     instead (oneDNN, XNNPACK, single-threaded Eigen; each with YNNPACK's
+     products off), next to YNNPACK dots off; then the first layer's forward
+     product written other ways (split along the model axis, one product
+     per model, JAX's folding of the model axis into the weight's columns,
+     transposed), under functx.jit's own choice.
 
-Usage: python benchmarks/cpu_dots.py [--all | --programs]   (CPU only; needs torch)
+Usage: python benchmarks/cpu_dots.py [--all] [--libraries] | --programs   (CPU only; needs torch)
 """
 
 import os
@@ -48,6 +54,15 @@ YNN_DEFAULT = {"xla_cpu_experimental_ynn_fusion_type":
 YNN_DOTS_OFF = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 COMPILES = (("XLA's default", YNN_DEFAULT), ("YNNPACK dots off", YNN_DOTS_OFF),
             ("YNNPACK off", YNN_OFF))
+LIBRARIES = (
+    ("YNNPACK dots off", YNN_DOTS_OFF),
+    ("oneDNN", dict(YNN_DOTS_OFF, xla_cpu_use_onednn=True)),
+    ("oneDNN dot fusions", dict(YNN_DOTS_OFF, xla_cpu_experimental_onednn_fusion_type=
+                                "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT")),
+    ("XNNPACK dot fusions", dict(YNN_DOTS_OFF, xla_cpu_experimental_xnn_fusion_type=
+                                 "LIBRARY_FUSION_TYPE_DOT")),
+    ("single-threaded Eigen", dict(YNN_DOTS_OFF, xla_cpu_multi_thread_eigen=False)),
+)
 PAIRS = 15
 
 
@@ -130,11 +145,57 @@ def other_programs():
         print(f"  {name}: {', '.join(cells)}", flush=True)
 
 
+def forward_programs(x, w):
+    """The ensemble's first product `x @ W[m]` (x shared by the models),
+    written five ways, against torch.matmul."""
+    models = w.shape[0]
+
+    def batched(x, w):  # what functx's vmap rule emits (the minibatch broadcast)
+        xb = jnp.broadcast_to(x, w.shape[:1] + x.shape)
+        return lax.dot_general(xb, w, (((2,), (1,)), ((0,), (0,))), precision="highest")
+
+    def split(parts):
+        def f(x, w):
+            step = models // parts
+            return jnp.concatenate([batched(x, w[i * step:(i + 1) * step])
+                                    for i in range(parts)])
+        return f
+
+    def per_model(x, w):
+        return jnp.stack([jnp.matmul(x, w[i], precision="highest") for i in range(models)])
+
+    def folded(x, w):  # JAX's vmap rule: the model axis among the weight's columns
+        out = lax.dot_general(x, w, (((1,), (1,)), ((), ())), precision="highest")
+        return jnp.transpose(out, (1, 0, 2))
+
+    def transposed(x, w):  # (W[m]^T @ x^T)^T
+        xb = jnp.broadcast_to(x, (models,) + x.shape)
+        out = lax.dot_general(w, xb, (((1,), (2,)), ((0,), (0,))), precision="highest")
+        return jnp.transpose(out, (0, 2, 1))
+
+    jx, jw = jax.device_put(x), jax.device_put(w)
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    torch_call = lambda: torch.matmul(tx, tw)  # noqa: E731
+    expected = torch_call().numpy()
+    print(f"the forward product x @ W0[m] written other ways, functx.jit, time / torch.matmul "
+          f"with {R.cpu_count()} threads:")
+    for name, fn in (("batched, minibatch broadcast (functx)", batched),
+                     ("split in 2 along the models", split(2)),
+                     ("split in 5 along the models", split(5)),
+                     ("one product per model", per_model),
+                     ("model axis folded into the columns (JAX)", folded),
+                     ("transposed, W^T @ x^T", transposed)):
+        jitted = fx.jit(fn)
+        np.testing.assert_allclose(np.asarray(jitted(jx, jw)), expected, rtol=1e-4, atol=1e-3)
+        print(f"  {name}: {paired(blocking(jitted, jx, jw), torch_call)}", flush=True)
+
+
 def main():
     torch.set_num_threads(R.cpu_count())
     print(f"{R.cpu_model()}, {R.cpu_count()} CPUs, jax {jax.__version__}, torch {torch.__version__}")
     if "--programs" in sys.argv:
         return other_programs()
+    compiles = LIBRARIES if "--libraries" in sys.argv else COMPILES
     rng = np.random.default_rng(0)
     x = rng.standard_normal((10, 64, 784)).astype(np.float32)
     h = rng.standard_normal((10, 64, 256)).astype(np.float32)
@@ -148,7 +209,7 @@ def main():
         ("weight gradient h^T @ g", h, g, (1, 1), lambda a, b: torch.bmm(a.transpose(1, 2), b)),
         ("weight gradient x^T @ g", x, g, (1, 1), lambda a, b: torch.bmm(a.transpose(1, 2), b)),
     ]
-    labels = ", ".join(label for label, _ in COMPILES)
+    labels = ", ".join(label for label, _ in compiles)
     print(f"batched products of 10 models, time / torch.bmm with {R.cpu_count()} threads "
           f"and with 1 thread ({labels}):")
     for name, a, b, (ca, cb), bmm in products:
@@ -159,8 +220,9 @@ def main():
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         torch_call = lambda: bmm(ta, tb)  # noqa: E731
         lowered = jax.jit(product).lower(ja, jb)
-        compiled = [lowered.compile(options) for _, options in COMPILES]
-        library = "YNNPACK" if "__ynn_fusion" in compiled[0].as_text() else "XLA's own dot"
+        compiled = [lowered.compile(options) for _, options in compiles]
+        library = ("YNNPACK" if "__ynn_fusion" in lowered.compile(YNN_DEFAULT).as_text()
+                   else "XLA's own dot")
         cells = [f"{paired(blocking(c, ja, jb), torch_call)} / "
                  f"{paired(blocking(c, ja, jb), threads(1, torch_call))}" for c in compiled]
         print(f"  {name} ({library} by default): {', '.join(cells)}", flush=True)
@@ -171,9 +233,11 @@ def main():
     tf = workload.build(R.TORCH)
     torch_call = lambda: tf(*targs)  # noqa: E731
     print(f"{workload.name}, time / torch.func eager:")
-    for label, options in (("no options (its own choice)", None),) + COMPILES:
+    for label, options in (("no options (its own choice)", None),) + compiles:
         fn = fx.jit(workload.build(R.FUNCTX), compiler_options=options)
         print(f"  functx.jit, {label}: {paired(blocking(fn, *args), torch_call)}", flush=True)
+    if "--libraries" in sys.argv:
+        forward_programs(x[0], w0)
     if "--all" not in sys.argv:
         return
     print(f"every workload, functx.jit time / jax.jit time ({labels}):")
@@ -182,7 +246,7 @@ def main():
         reference = blocking(jax.jit(workload.build(R.JAX)), *args)
         cells = [paired(blocking(fx.jit(workload.build(R.FUNCTX), compiler_options=options),
                                  *args), reference)
-                 for _, options in COMPILES]
+                 for _, options in compiles]
         print(f"  {workload.name}: {', '.join(cells)}", flush=True)
 
 
