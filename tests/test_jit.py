@@ -239,7 +239,8 @@ def test_large_products_compile_without_ynnpack_on_cpu():
     YNNPACK's products off; other ones, and any program whose
     compiler_options name the option, compile as jax.jit's. The choice
     traces the Python function once, and cached calls run no Python. The
-    programs eager transforms compile follow the same rule."""
+    programs that thread the generator state and those eager transforms
+    compile follow the same rule."""
     from functx import xla_cpu
 
     small = (jnp.ones((16, 64), jnp.float32), jnp.ones((64, 64), jnp.float32))
@@ -269,6 +270,14 @@ def test_large_products_compile_without_ynnpack_on_cpu():
     assert not _in_ynn(per_row.lower(a3, big[1]).compile().as_text())
     close(per_row(a3, big[1]),
           jax.vmap(jax.grad(lambda a, b: jnp.tanh(a @ b).sum()), in_axes=(0, None))(a3, big[1]))
+    # a program drawing from the stateful generator chooses per signature too
+    noisy = fx.jit(lambda a, b: mm(a, b) + fx.random.rand(a.shape[0], b.shape[1]))
+    for args, large in ((small, False), (big, True), (small, False)):
+        fx.random.manual_seed(11)
+        got = noisy(*args)
+        fx.random.manual_seed(11)
+        close(got, jnp.tanh(args[0] @ args[1]) + fx.random.rand(args[0].shape[0], args[1].shape[1]))
+        assert _in_ynn(noisy.lower(*args).compile().as_text()) is not large
     # options the user sets win
     keep = fx.jit(mm, compiler_options={xla_cpu.YNN_OPTION: "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"})
     assert _in_ynn(keep.lower(*big).compile().as_text())

@@ -37,7 +37,8 @@ costs ~1.5 µs more per call.
 and compiles it when the options are the user's) and compiles one whose
 options differ through the cache miss of a second C++ jitted function built
 with them, whose result the first function caches, so later calls stay in
-C++.
+C++. A program that threads the generator state (which runs Python on every
+call) makes the same choice once per signature (`_stateful_for`).
 """
 
 import functools
@@ -181,7 +182,7 @@ class Jitted:
     # Jitted wrapping another wrapper never receives theirs.
     __slots__ = ("_fun", "_name", "_static_argnums", "_static_argnames", "_donate", "_pure",
                  "_stateful", "_graphs", "fast", "_compiler_options", "_trace_pure",
-                 "_other_jits", "__dict__", "__weakref__")
+                 "_other_jits", "_stateful_programs", "__dict__", "__weakref__")
 
     def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=(),
                  compiler_options=None):
@@ -193,6 +194,7 @@ class Jitted:
             fun, static_argnums, static_argnames)
         self._donate = tuple(_as_tuple(donate_argnums, "donate_argnums"))
         self._stateful = None  # built when a trace draws from the generator
+        self._stateful_programs = {}  # signature or options -> stateful jax.jit
         self._graphs = {}
         functools.update_wrapper(self, fun, updated=())
 
@@ -254,16 +256,51 @@ class Jitted:
             out = self._fun(*args, **kwargs)
         return out, final.key
 
-    def _stateful_jit(self):
-        if self._stateful is None:
-            self._stateful = jax.jit(
+    def _stateful_jit(self, options=None):
+        """The jax.jit of `f` threading the generator state, compiling with
+        `options` (a dict that differs from the user's), or with the user's."""
+        if options is None and self._stateful is not None:
+            return self._stateful
+        key = None if options is None else tuple(sorted(options.items()))
+        found = self._stateful_programs.get(key)
+        if found is None:
+            found = self._stateful_programs[key] = jax.jit(
                 self._trace_stateful,
                 static_argnums=tuple(i + 1 for i in self._static_argnums),
                 static_argnames=self._static_argnames,
                 donate_argnums=tuple(i + 1 for i in self._donate),
-                compiler_options=self._compiler_options,
+                compiler_options=self._compiler_options if options is None else options,
             )
-        return self._stateful
+        if options is None:
+            self._stateful = found
+        return found
+
+    def _stateful_for(self, args, kwargs):
+        """The stateful program for this call, compiling with the options of
+        NOTE [XLA:CPU's matrix-product library]; the choice is made once per
+        signature (the state threading runs Python on every call anyway)."""
+        default = self._stateful_jit()
+        if jax.default_backend() != "cpu" or not xla_cpu.top_level():
+            return default
+        if self._static_argnums or self._static_argnames:
+            dyn, static, _ = self._split(args, kwargs)
+        else:
+            dyn, static = (args, kwargs), ()
+        leaves, tree = tree_util.tree_flatten(dyn)
+        signature = ("signature", tree, static, tuple(
+            (type(x), getattr(x, "shape", None), getattr(x, "dtype", None),
+             getattr(x, "weak_type", None)) for x in leaves))
+        found = self._stateful_programs.get(signature)
+        if found is None:
+            try:
+                traced = default.trace(_random.get_rng_state(), *args, **kwargs)
+            except Exception:  # noqa: BLE001 - the call raises it again
+                return default
+            options = xla_cpu.options_for(xla_cpu.sizes_in_jaxpr(traced.jaxpr.jaxpr),
+                                          self._compiler_options)
+            found = self._stateful_programs[signature] = (
+                default if options is self._compiler_options else self._stateful_jit(options))
+        return found
 
     def __call__(self, *args, **kwargs):
         # (the Python wrapper, used only where `_cpp_jit` is unavailable)
@@ -280,7 +317,7 @@ class Jitted:
         return self._call_stateful(args, kwargs)
 
     def _call_stateful(self, args, kwargs):
-        out, key = self._stateful_jit()(_random.get_rng_state(), *args, **kwargs)
+        out, key = self._stateful_for(args, kwargs)(_random.get_rng_state(), *args, **kwargs)
         _random.set_rng_state(key)
         return out
 
@@ -310,7 +347,7 @@ class Jitted:
                 return type(jitted).lower(jitted, *args, **kwargs)
             except _random.UsesGeneratorState:
                 pass
-        return self._stateful_jit().lower(_random.get_rng_state(), *args, **kwargs)
+        return self._stateful_for(args, kwargs).lower(_random.get_rng_state(), *args, **kwargs)
 
     # -- the staged path (under functx transforms) --------------------------
 
