@@ -326,6 +326,35 @@ def test_identity_bases_are_not_multiplied(monkeypatch):
     close(fx.jacfwd(two, argnums=(0, 1))(x5, m), want[jax.jacfwd][2])  # eagerly
 
 
+def test_chunked_jacrev_skips_the_identity_products(monkeypatch):
+    # each chunk of jacrev(chunk_size=k) carries its rows' offsets: chunk
+    # [lo, hi) of an output leaf whose rows start at s is the basis at s - lo,
+    # possibly wholly outside the chunk (zero rows on both sides)
+    from functx.primitives import dot
+
+    monkeypatch.setattr(dot, "_SMALL_PRODUCT", 0)
+    x5 = jnp.asarray(rng.uniform(-1, 1, (5,)))
+
+    def two_outputs(x):  # 4 + 2 output rows
+        return W45 @ x, fnp.tanh(W45[:2] @ x)
+
+    def jax_two_outputs(x):
+        return W45 @ x, jnp.tanh(W45[:2] @ x)
+
+    def linear(w, x):  # w an input, so that the products are staged
+        return w @ x, w[2:] @ x
+
+    want = jax.jacrev(jax_two_outputs)(x5)
+    for k in (1, 3, 4, 5):
+        # only the primal products are left (no product of W with the basis)
+        assert _dots(fx.jacrev(linear, argnums=1, chunk_size=k), W45, x5) == [(4,), (2,)], k
+        jac = fx.jacrev(two_outputs, chunk_size=k)
+        close(jac(x5), want)  # eagerly
+        close(fx.vmap(jac)(jnp.stack([x5, 2 * x5])),
+              jax.vmap(jax.jacrev(jax_two_outputs))(jnp.stack([x5, 2 * x5])))
+    close(fx.jit(fx.jacrev(two_outputs, chunk_size=4))(x5), want)  # a loop under jit
+
+
 # --------------------------------------------------------------------------
 # Compositions
 

@@ -31,7 +31,10 @@ convert_element_type keep the mark); every other rule sees the ordinary
 materialised array, which XLA drops when nothing uses it. A slice whose
 batch axis is not its leading axis is taken only when the product it
 replaces is large: XLA fuses the transpose that later moves that axis into
-the consumers, which can cost more than a small product (`_dot_basis`). The shortcut
+the consumers, which can cost more than a small product (`_dot_basis`). Chunks
+of a basis (`jacrev(chunk_size=k)`, `map_over_basis` in transforms/vmap.py)
+carry the offset of their rows, which can put the unit vectors wholly outside
+a chunk; the chunks of a loop under jit are data and carry nothing. The shortcut
 differs from the dense product only where the other operand holds infinities
 or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """

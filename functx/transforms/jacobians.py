@@ -19,7 +19,7 @@ from ..primitives.common import moveaxis
 from . import _args
 from .grad import bind_argnums, grad_and_value, linearize_reverse, pull_back, vjp, with_static
 from .jvp import _check_tuple, jvp, jvp_flat
-from .vmap import map_over_basis, vmap
+from .vmap import map_over_basis
 
 
 _BASES = {}
@@ -107,10 +107,8 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_
 
         if total == 1:
             rows = [st.expand_dims(c, (0,)) for c in pull(*[b[0] for b in basis])]
-        elif chunk_size is None or chunk_size >= total:
-            rows = map_over_basis(pull, basis, _starts(sizes), call)
         else:
-            rows = vmap(pull, chunk_size=chunk_size)(*basis)
+            rows = map_over_basis(pull, basis, _starts(sizes), call, chunk_size=chunk_size)
         blocks = []
         start = 0
         for oa, n in zip(r.out_avals, sizes):

@@ -172,17 +172,25 @@ def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, 
     return results, out_tree, flat_out_dims
 
 
-def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error"):
-    """`vmap(func)(*basis)` where each leaf of `basis` holds rows of the
-    identity, leaf k's row i being the unit vector at flat position
-    `i - starts[k]`: the batched inputs carry that fact for the primitives
-    that use it (NOTE [identity bases] in interpreters/batching.py)."""
+def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error", chunk_size=None):
+    """`vmap(func, chunk_size=chunk_size)(*basis)` where each leaf of
+    `basis` holds rows of the identity, leaf k's row i being the unit vector
+    at flat position `i - starts[k]`: the batched inputs carry that fact for
+    the primitives that use it (NOTE [identity bases] in
+    interpreters/batching.py), in every chunk but those of a loop under jit,
+    whose rows are data of the loop."""
     leaves = list(basis)
     size = aval_of(leaves[0]).shape[0]
-    outs, out_tree, _ = _vmap_once(func, leaves, [0] * len(leaves),
-                                   tree_util.tree_structure(tuple(leaves)), {}, size,
-                                   randomness, out_dims, call, bases=list(starts))
-    return tree_util.tree_unflatten(out_tree, outs)
+    dims = [0] * len(leaves)
+    in_tree = tree_util.tree_structure(tuple(leaves))
+    if chunk_size is None or chunk_size >= size:
+        outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, {}, size, randomness,
+                                       out_dims, call, bases=list(starts))
+        return tree_util.tree_unflatten(out_tree, outs)
+    if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
+        return _chunks_as_loop(func, leaves, dims, in_tree, {}, size, chunk_size, out_dims, call)
+    return _chunks_in_python(func, leaves, dims, in_tree, {}, size, chunk_size, randomness,
+                             out_dims, call, starts)
 
 
 def _slice_along(x, d, start, stop):
@@ -246,6 +254,37 @@ def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_d
     return tree_util.tree_unflatten(out_tree, outs)
 
 
+def _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size, randomness,
+                      out_dims, call, starts=None):
+    """Chunked vmap as a Python loop of chunks (eagerly, or under a functx
+    transform). With `starts`, the batched leaves are identity bases
+    (`map_over_basis`); chunk [lo, hi) of leaf k starts at `starts[k] - lo`."""
+    eager = not interpreter_stack() and all(
+        not isinstance(x, (Tracer, jax.core.Tracer)) for x in leaves)
+    chunks = []
+    for start in range(0, size, chunk_size):
+        stop = min(start + chunk_size, size)
+        part = [x if d is None else _slice_along(x, d, start, stop) for x, d in zip(leaves, dims)]
+        bases = None if starts is None else [s - start for s in starts]
+        chunks.append(_vmap_once(func, part, dims, in_tree, kwargs, stop - start,
+                                 randomness, out_dims, call, bases=bases))
+        if eager:
+            # JAX dispatches asynchronously (on GPU the Python loop runs
+            # ahead of the device) and frees a chunk's temporaries only
+            # once its kernels finish: wait, so chunks do not overlap
+            jax.block_until_ready(chunks[-1][0])
+    out_tree, flat_out_dims = chunks[0][1], chunks[0][2]
+    outs = []
+    for k, od in enumerate(flat_out_dims):
+        pieces = [c[0][k] for c in chunks]
+        if od is None:
+            outs.append(pieces[0])
+        else:
+            nd = aval_of(pieces[0]).ndim
+            outs.append(st.concatenate(pieces, od % nd))
+    return tree_util.tree_unflatten(out_tree, outs)
+
+
 def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     """Vectorizing map: run `func` on every slice of its inputs along a
     batch dimension, as one batched computation.
@@ -301,28 +340,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
             return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size,
                                    out_dims, call)
-        eager = not interpreter_stack() and all(
-            not isinstance(x, (Tracer, jax.core.Tracer)) for x in leaves)
-        chunks = []
-        for start in range(0, size, chunk_size):
-            stop = min(start + chunk_size, size)
-            part = [x if d is None else _slice_along(x, d, start, stop) for x, d in zip(leaves, dims)]
-            chunks.append(_vmap_once(func, part, dims, in_tree, kwargs, stop - start,
-                                     randomness, out_dims, call))
-            if eager:
-                # JAX dispatches asynchronously (on GPU the Python loop runs
-                # ahead of the device) and frees a chunk's temporaries only
-                # once its kernels finish: wait, so chunks do not overlap
-                jax.block_until_ready(chunks[-1][0])
-        out_tree, flat_out_dims = chunks[0][1], chunks[0][2]
-        outs = []
-        for k, od in enumerate(flat_out_dims):
-            pieces = [c[0][k] for c in chunks]
-            if od is None:
-                outs.append(pieces[0])
-            else:
-                nd = aval_of(pieces[0]).ndim
-                outs.append(st.concatenate(pieces, od % nd))
-        return tree_util.tree_unflatten(out_tree, outs)
+        return _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size,
+                                 randomness, out_dims, call)
 
     return wrapped
