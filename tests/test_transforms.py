@@ -329,7 +329,8 @@ def test_identity_bases_are_not_multiplied(monkeypatch):
 def test_chunked_jacrev_skips_the_identity_products(monkeypatch):
     # each chunk of jacrev(chunk_size=k) carries its rows' offsets: chunk
     # [lo, hi) of an output leaf whose rows start at s is the basis at s - lo,
-    # possibly wholly outside the chunk (zero rows on both sides)
+    # possibly wholly outside the chunk (zero rows on both sides); inside the
+    # loop that chunks become under jit, lo is known when the loop runs
     from functx.primitives import dot
 
     monkeypatch.setattr(dot, "_SMALL_PRODUCT", 0)
@@ -344,15 +345,22 @@ def test_chunked_jacrev_skips_the_identity_products(monkeypatch):
     def linear(w, x):  # w an input, so that the products are staged
         return w @ x, w[2:] @ x
 
+    def jit_products(chunk_size):
+        jac = fx.jit(fx.jacrev(linear, argnums=1, chunk_size=chunk_size))
+        return jac.lower(W45, x5).as_text().count("dot_general")
+
     want = jax.jacrev(jax_two_outputs)(x5)
     for k in (1, 3, 4, 5):
         # only the primal products are left (no product of W with the basis)
         assert _dots(fx.jacrev(linear, argnums=1, chunk_size=k), W45, x5) == [(4,), (2,)], k
+        # the same in the loop that chunks become under jit
+        assert jit_products(k) == jit_products(None), k
         jac = fx.jacrev(two_outputs, chunk_size=k)
         close(jac(x5), want)  # eagerly
         close(fx.vmap(jac)(jnp.stack([x5, 2 * x5])),
               jax.vmap(jax.jacrev(jax_two_outputs))(jnp.stack([x5, 2 * x5])))
-    close(fx.jit(fx.jacrev(two_outputs, chunk_size=4))(x5), want)  # a loop under jit
+    for k in (1, 4, 5):  # a loop under jit (k=4, 5: and a last partial chunk)
+        close(fx.jit(fx.jacrev(two_outputs, chunk_size=k))(x5), want)
 
 
 # --------------------------------------------------------------------------

@@ -34,7 +34,8 @@ replaces is large: XLA fuses the transpose that later moves that axis into
 the consumers, which can cost more than a small product (`_dot_basis`). Chunks
 of a basis (`jacrev(chunk_size=k)`, `map_over_basis` in transforms/vmap.py)
 carry the offset of their rows, which can put the unit vectors wholly outside
-a chunk; the chunks of a loop under jit are data and carry nothing. The shortcut
+a chunk; in the loop that chunks become under jit the offset is a JAX integer,
+and `_dot_basis` gathers the chunk's rows. The shortcut
 differs from the dense product only where the other operand holds infinities
 or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """

@@ -202,7 +202,8 @@ def _dot_basis(size, vals, dims, bases, *, dimension_numbers, precision, preferr
     operand's slice at flat position i - start of those axes, so the result
     is that operand with its contracted axes flattened into the batch axis
     (in place when they are adjacent; zero rows outside the basis's range),
-    and no product is computed."""
+    and no product is computed. `start` is an int, or a JAX integer scalar
+    inside a loop under jit."""
     (lc, rc), (lb, rb) = dimension_numbers
     for k in (0, 1):
         mine, other = (lc, rc) if k == 0 else (rc, lc)
@@ -234,8 +235,16 @@ def _dot_basis(size, vals, dims, bases, *, dimension_numbers, precision, preferr
             out = st.reshape(st.transpose(y, tuple(partner + free)),
                              (n,) + tuple(ya.shape[i] for i in free))
         start = bases[k]
-        if start != 0 or n != size:
-            config = [(0, 0, 0)] * aval_of(out).ndim
+        config = [(0, 0, 0)] * aval_of(out).ndim
+        if not isinstance(start, (int, np.integer)):
+            # an offset known when the program runs (a chunk of a loop
+            # under jit): gather the chunk's rows, zeros out of range (no
+            # padded copy of y, which would undo what chunking saves)
+            from .. import numpy as fnp
+
+            rows = fnp.arange(size, dtype=np.int32) - start.astype(np.int32)
+            out = fnp.take(out, rows, axis=at, mode="fill", fill_value=0)
+        elif start != 0 or n != size:
             config[at] = (start, size - start - n, 0)
             out = st.pad(out, np.zeros((), ya.dtype), config)
         dtype = (np.dtype(preferred_element_type) if preferred_element_type is not None

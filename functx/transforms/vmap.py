@@ -177,8 +177,8 @@ def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error", ch
     `basis` holds rows of the identity, leaf k's row i being the unit vector
     at flat position `i - starts[k]`: the batched inputs carry that fact for
     the primitives that use it (NOTE [identity bases] in
-    interpreters/batching.py), in every chunk but those of a loop under jit,
-    whose rows are data of the loop."""
+    interpreters/batching.py), in every chunk (inside a loop under jit, with
+    offsets known when the loop runs)."""
     leaves = list(basis)
     size = aval_of(leaves[0]).shape[0]
     dims = [0] * len(leaves)
@@ -188,7 +188,8 @@ def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error", ch
                                        out_dims, call, bases=list(starts))
         return tree_util.tree_unflatten(out_tree, outs)
     if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
-        return _chunks_as_loop(func, leaves, dims, in_tree, {}, size, chunk_size, out_dims, call)
+        return _chunks_as_loop(func, leaves, dims, in_tree, {}, size, chunk_size, out_dims, call,
+                               starts)
     return _chunks_in_python(func, leaves, dims, in_tree, {}, size, chunk_size, randomness,
                              out_dims, call, starts)
 
@@ -210,12 +211,15 @@ def _jax_is_tracing(leaves):
         return any(isinstance(x, jax.core.Tracer) for x in leaves)
 
 
-def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_dims, call):
+def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_dims, call,
+                    starts=None):
     """Chunked vmap while JAX traces (under jit), with no functx transform
     around: the chunks become the iterations of a `jax.lax.map` loop, so
     XLA keeps one chunk's intermediates alive at a time (a Python loop of
     chunks would be unrolled into one program that may hold them all). A
-    last partial chunk runs after the loop."""
+    last partial chunk runs after the loop. With `starts`, the batched
+    leaves are identity bases (`map_over_basis`), and each iteration's
+    offsets are its first row's index subtracted from them."""
     n_loop = size // chunk_size
     batched = [k for k, d in enumerate(dims) if d is not None]
     stacked = []
@@ -225,16 +229,19 @@ def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_d
     front = [None if d is None else 0 for d in dims]
     meta = []
 
-    def body(chunk):
+    def body(step):
+        first, chunk = step
         part = list(leaves)
         for k, x in zip(batched, chunk):
             part[k] = x
+        bases = None if starts is None else [s - first for s in starts]
         outs, out_tree, flat_out_dims = _vmap_once(func, part, front, in_tree, kwargs,
-                                                   chunk_size, "error", out_dims, call)
+                                                   chunk_size, "error", out_dims, call, bases)
         meta[:] = [out_tree, flat_out_dims]
         return outs
 
-    looped = jax.lax.map(body, stacked)
+    firsts = jnp.arange(n_loop, dtype=jnp.int32) * chunk_size
+    looped = jax.lax.map(body, (firsts, stacked))
     out_tree, flat_out_dims = meta
     outs = []
     for y, od in zip(looped, flat_out_dims):
@@ -247,8 +254,9 @@ def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_d
     if n_loop * chunk_size < size:
         part = [x if d is None else _slice_along(x, d, n_loop * chunk_size, size)
                 for x, d in zip(leaves, dims)]
-        tail, _, _ = _vmap_once(func, part, dims, in_tree, kwargs, size - n_loop * chunk_size,
-                                "error", out_dims, call)
+        first = n_loop * chunk_size
+        tail, _, _ = _vmap_once(func, part, dims, in_tree, kwargs, size - first, "error",
+                                out_dims, call, None if starts is None else [s - first for s in starts])
         outs = [o if od is None else jnp.concatenate([o, t], od % o.ndim)
                 for o, t, od in zip(outs, tail, flat_out_dims)]
     return tree_util.tree_unflatten(out_tree, outs)
