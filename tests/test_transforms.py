@@ -361,6 +361,15 @@ def test_chunked_jacrev_skips_the_identity_products(monkeypatch):
               jax.vmap(jax.jacrev(jax_two_outputs))(jnp.stack([x5, 2 * x5])))
     for k in (1, 4, 5):  # a loop under jit (k=4, 5: and a last partial chunk)
         close(fx.jit(fx.jacrev(two_outputs, chunk_size=k))(x5), want)
+    # JAX's transforms of that loop (the offsets are loop values there)
+    xs = jnp.stack([x5, 2 * x5])
+    looped = fx.jit(fx.jacrev(two_outputs, chunk_size=4))
+    close(jax.vmap(looped)(xs), jax.vmap(jax.jacrev(jax_two_outputs))(xs))
+
+    def squares(jac):
+        return lambda x: sum(jnp.sum(t ** 2) for t in jac(x))
+
+    close(jax.grad(squares(looped))(x5), jax.grad(squares(jax.jacrev(jax_two_outputs)))(x5))
 
 
 # --------------------------------------------------------------------------
