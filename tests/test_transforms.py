@@ -326,6 +326,38 @@ def test_identity_bases_are_not_multiplied(monkeypatch):
     close(fx.jacfwd(two, argnums=(0, 1))(x5, m), want[jax.jacfwd][2])  # eagerly
 
 
+def _all_dots(graph):
+    """The dot_generals of a staged program, inside jit_call graphs too."""
+    n = 0
+    for e in graph.eqns:
+        n += e.prim.name == "dot_general"
+        n += sum(_all_dots(v) for v in e.params.values() if hasattr(v, "eqns"))
+    return n
+
+
+def test_identity_bases_pass_into_jitted_functions(monkeypatch):
+    # jacrev(jit(f)): the basis reaches the jitted graph's batching as marks
+    from functx.primitives import dot
+
+    monkeypatch.setattr(dot, "_SMALL_PRODUCT", 0)
+    x5 = jnp.asarray(rng.uniform(-1, 1, (5,)))
+
+    def lin_w(w, x):
+        return w @ x
+
+    def energy(w, x):
+        return fnp.sum(fnp.tanh(w @ x) ** 3)
+
+    for jac in (fx.jacrev, fx.jacfwd):
+        inner = fx.jit(lin_w)
+        assert _all_dots(fx.make_graph(jac(inner, argnums=1))(W45, x5)) == 1  # the primal
+        close(jac(inner, argnums=1)(W45, x5), W45)
+    # the value, the gradient and one dense product: no W @ identity
+    hess = fx.hessian(fx.jit(energy), argnums=1)
+    assert _all_dots(fx.make_graph(hess)(W45, x5)) == 3
+    close(hess(W45, x5), jax.hessian(lambda w, x: jnp.sum(jnp.tanh(w @ x) ** 3), argnums=1)(W45, x5))
+
+
 def test_chunked_jacrev_skips_the_identity_products(monkeypatch):
     # each chunk of jacrev(chunk_size=k) carries its rows' offsets: chunk
     # [lo, hi) of an output leaf whose rows start at s is the basis at s - lo,

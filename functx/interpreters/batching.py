@@ -35,7 +35,9 @@ the consumers, which can cost more than a small product (`_dot_basis`). Chunks
 of a basis (`jacrev(chunk_size=k)`, `map_over_basis` in transforms/vmap.py)
 carry the offset of their rows, which can put the unit vectors wholly outside
 a chunk; in the loop that chunks become under jit the offset is a JAX integer,
-and `_dot_basis` gathers the chunk's rows. The shortcut
+and `_dot_basis` gathers the chunk's rows. A basis that reaches a jitted
+function (`jacrev(jit(f))`) is batched into its graph with the marks
+(`graph_basis_rule` in primitives/call.py). The shortcut
 differs from the dense product only where the other operand holds infinities
 or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """
@@ -114,6 +116,9 @@ class BatchInterpreter(Interpreter):
             done = basis_rules[prim](self.axis_size, vals, dims, bases, **params)
             if done is not None:
                 out, out_dim, basis = done
+                if prim.multiple_results:
+                    return [self.box(o, d) if b is None else BatchTracer(self, o, d, b)
+                            for o, d, b in zip(out, out_dim, basis, strict=True)]
                 return BatchTracer(self, out, out_dim, basis)
         if concrete:
             step = batched_step(prim, params, vals, tuple(dims), self.axis_size)
@@ -141,10 +146,11 @@ class BatchInterpreter(Interpreter):
         )
 
 
-def batch_graph(graph, axis_size, dims):
+def batch_graph(graph, axis_size, dims, bases=None):
     """The graph of `graph` vmapped over inputs batched at `dims` (None: not
-    batched). Returns `(batched, out_dims)`. Cached on `graph`."""
-    key = ("vmap", axis_size, dims)
+    batched), those with an int in `bases` being identity bases (NOTE
+    [identity bases]). Returns `(batched, out_dims)`. Cached on `graph`."""
+    key = ("vmap", axis_size, dims) if bases is None else ("vmap", axis_size, dims, bases)
     cached = graph.cache.get(key)
     if cached is not None:
         return cached
@@ -152,7 +158,11 @@ def batch_graph(graph, axis_size, dims):
 
     def fn(*args):
         with new_interpreter(BatchInterpreter(axis_size)) as bi:
-            outs = eval_graph(graph, [bi.box(x, d) for x, d in zip(args, dims, strict=True)])
+            boxed = [bi.box(x, d) for x, d in zip(args, dims, strict=True)]
+            for i, b in enumerate(bases or ()):
+                if b is not None:
+                    boxed[i] = BatchTracer(bi, args[i], dims[i], b)
+            outs = eval_graph(graph, boxed)
             pairs = [bi.unbox(o) for o in outs]
         out_dims[:] = [d for _, d in pairs]
         return [v for v, _ in pairs]

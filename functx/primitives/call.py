@@ -8,12 +8,15 @@ its transpose, its batched version), cached on the graph, and binds
 one `jax.jit`-compiled program, compiled once per graph.
 """
 
+import numpy as np
+
 from ..interpreters.batching import batch_graph
 from ..interpreters.eval import compiled, defimpl
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import transpose_graph
 from .common import (
     Zero,
+    basis_rules,
     batch_rules,
     bind,
     defprim,
@@ -93,6 +96,24 @@ def graph_batch_rule(prim):
     return rule
 
 
+def graph_basis_rule(prim):
+    """The rule of a graph-applying primitive for identity-basis inputs
+    (NOTE [identity bases]): the graph is batched with the marks, so that
+    the products inside skip them too. Offsets known only when a loop runs
+    are left to the ordinary rule (the graph would hold one of them)."""
+
+    def rule(axis_size, vals, dims, bases, *, graph, name):
+        if not all(b is None or isinstance(b, (int, np.integer)) for b in bases):
+            return None
+        bases = tuple(None if b is None else int(b) for b in bases)
+        batched, out_dims = batch_graph(graph, axis_size, tuple(dims), bases)
+        outs = bind(prim, *vals, graph=batched, name=f"vmap({name})")
+        return outs, list(out_dims), [None] * len(outs)
+
+    return rule
+
+
 jvp_rules[jit_call] = _jvp
 transpose_rules[jit_call] = graph_transpose_rule(jit_call)
 batch_rules[jit_call] = graph_batch_rule(jit_call)
+basis_rules[jit_call] = graph_basis_rule(jit_call)
