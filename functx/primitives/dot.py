@@ -235,7 +235,6 @@ def _dot_basis(size, vals, dims, bases, *, dimension_numbers, precision, preferr
             out = st.reshape(st.transpose(y, tuple(partner + free)),
                              (n,) + tuple(ya.shape[i] for i in free))
         start = bases[k]
-        config = [(0, 0, 0)] * aval_of(out).ndim
         if not isinstance(start, (int, np.integer)):
             # an offset known when the program runs (a chunk of a loop
             # under jit): gather the chunk's rows, zeros out of range (no
@@ -245,6 +244,7 @@ def _dot_basis(size, vals, dims, bases, *, dimension_numbers, precision, preferr
             rows = fnp.arange(size, dtype=np.int32) - start.astype(np.int32)
             out = fnp.take(out, rows, axis=at, mode="fill", fill_value=0)
         elif start != 0 or n != size:
+            config = [(0, 0, 0)] * aval_of(out).ndim
             config[at] = (start, size - start - n, 0)
             out = st.pad(out, np.zeros((), ya.dtype), config)
         dtype = (np.dtype(preferred_element_type) if preferred_element_type is not None

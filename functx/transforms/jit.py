@@ -259,8 +259,6 @@ class Jitted:
     def _stateful_jit(self, options=None):
         """The jax.jit of `f` threading the generator state, compiling with
         `options` (a dict that differs from the user's), or with the user's."""
-        if options is None and self._stateful is not None:
-            return self._stateful
         key = None if options is None else tuple(sorted(options.items()))
         found = self._stateful_programs.get(key)
         if found is None:

@@ -181,16 +181,23 @@ def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error", ch
     offsets known when the loop runs)."""
     leaves = list(basis)
     size = aval_of(leaves[0]).shape[0]
-    dims = [0] * len(leaves)
-    in_tree = tree_util.tree_structure(tuple(leaves))
+    return _vmap_chunked(func, leaves, [0] * len(leaves), tree_util.tree_structure(tuple(leaves)),
+                         {}, size, randomness, out_dims, call, chunk_size, list(starts))
+
+
+def _vmap_chunked(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call,
+                  chunk_size, starts=None):
+    """vmap of `func` over `leaves`, in chunks when `chunk_size` is smaller
+    than the batch: a `lax.map` loop while JAX traces with no functx
+    transform around, else a Python loop. `starts`: see map_over_basis."""
     if chunk_size is None or chunk_size >= size:
-        outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, {}, size, randomness,
-                                       out_dims, call, bases=list(starts))
+        outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness,
+                                       out_dims, call, bases=starts)
         return tree_util.tree_unflatten(out_tree, outs)
     if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
-        return _chunks_as_loop(func, leaves, dims, in_tree, {}, size, chunk_size, out_dims, call,
-                               starts)
-    return _chunks_in_python(func, leaves, dims, in_tree, {}, size, chunk_size, randomness,
+        return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_dims,
+                               call, starts)
+    return _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size, randomness,
                              out_dims, call, starts)
 
 
@@ -341,14 +348,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         dims, size = _check_batched(leaves, dims, args, call)
         leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
                   for x, d in zip(leaves, dims)]
-        if chunk_size is None or chunk_size >= size:
-            outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size,
-                                           randomness, out_dims, call)
-            return tree_util.tree_unflatten(out_tree, outs)
-        if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
-            return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size,
-                                   out_dims, call)
-        return _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size,
-                                 randomness, out_dims, call)
+        return _vmap_chunked(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims,
+                             call, chunk_size)
 
     return wrapped
