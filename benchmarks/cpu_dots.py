@@ -21,10 +21,13 @@ pairs of bursts):
      under jax.jit, YNNPACK dots off and YNNPACK off against the default;
   5. with --libraries: 1-3 compiled with XLA:CPU's other product libraries
      instead (oneDNN, XNNPACK, single-threaded Eigen; each with YNNPACK's
-     products off), next to YNNPACK dots off; then the first layer's forward
+     products off, and each skipped with a line saying so when the compiled
+     product does not use it), next to YNNPACK dots off; then the first layer's forward
      product written other ways (split along the model axis, one product
      per model, JAX's folding of the model axis into the weight's columns,
-     transposed), under functx.jit's own choice.
+     transposed), under functx.jit's own choice; and the multiply-add rates
+     of the batched product against one product of the same work with ten
+     times the rows, and whether XLA overlaps two independent products.
 
 Usage: python benchmarks/cpu_dots.py [--all] [--libraries] | --programs   (CPU only; needs torch)
 """
@@ -54,14 +57,22 @@ YNN_DEFAULT = {"xla_cpu_experimental_ynn_fusion_type":
 YNN_DOTS_OFF = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 COMPILES = (("XLA's default", YNN_DEFAULT), ("YNNPACK dots off", YNN_DOTS_OFF),
             ("YNNPACK off", YNN_OFF))
+# XLA:CPU's other product libraries, each with YNNPACK's products off, and the
+# name that a product sent to it carries in the compiled program (None: a
+# runtime option, which leaves the program as it is). A library whose name is
+# missing from the compiled forward product is not in this jaxlib, or not for
+# these products: with jax 0.10.2 oneDNN's and XNNPACK's options compile the
+# same program as YNNPACK dots off, so timing them would time XLA's own dot.
 LIBRARIES = (
-    ("YNNPACK dots off", YNN_DOTS_OFF),
-    ("oneDNN", dict(YNN_DOTS_OFF, xla_cpu_use_onednn=True)),
+    ("YNNPACK dots off", YNN_DOTS_OFF, None),
+    ("oneDNN", dict(YNN_DOTS_OFF, xla_cpu_use_onednn=True), "onednn"),
+    ("oneDNN custom calls", dict(YNN_DOTS_OFF, xla_cpu_use_onednn=True,
+                                 xla_cpu_experimental_onednn_custom_call=True), "onednn"),
     ("oneDNN dot fusions", dict(YNN_DOTS_OFF, xla_cpu_experimental_onednn_fusion_type=
-                                "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT")),
+                                "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"), "onednn"),
     ("XNNPACK dot fusions", dict(YNN_DOTS_OFF, xla_cpu_experimental_xnn_fusion_type=
-                                 "LIBRARY_FUSION_TYPE_DOT")),
-    ("single-threaded Eigen", dict(YNN_DOTS_OFF, xla_cpu_multi_thread_eigen=False)),
+                                 "LIBRARY_FUSION_TYPE_DOT"), "xnn_fusion"),
+    ("single-threaded Eigen", dict(YNN_DOTS_OFF, xla_cpu_multi_thread_eigen=False), None),
 )
 PAIRS = 15
 
@@ -190,18 +201,75 @@ def forward_programs(x, w):
         print(f"  {name}: {paired(blocking(jitted, jx, jw), torch_call)}", flush=True)
 
 
+def present_libraries(x, w):
+    """The LIBRARIES that a batched product compiled with their options is
+    sent to, as (label, options) pairs; says which are missing."""
+    product = jax.jit(lambda a, b: lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,)))))
+    lowered = product.lower(jax.device_put(x), jax.device_put(w))
+    present = []
+    for label, options, marker in LIBRARIES:
+        if marker is None or marker in lowered.compile(options).as_text().lower():
+            present.append((label, options))
+        else:
+            print(f"{label}: not used by this jaxlib (no '{marker}' in the compiled product "
+                  f"with {options}); skipped")
+    return tuple(present)
+
+
+def best_time(call, seconds=0.3):
+    """Least mean time per call over 7 bursts."""
+    call()
+    n = max(1, int(seconds / 7 / max(burst(call, 1), 1e-6)))
+    return min(burst(call, n) for _ in range(7))
+
+
+def throughput(x, w):
+    """Where the time goes: multiply-add rates of one batched product of ten
+    64-row matrices (the ensemble's first layer) against one product of the
+    same work with 640 rows, in XLA (YNNPACK dots off) and torch; and whether
+    XLA runs two independent products of one program side by side."""
+    models, rows, k = x.shape
+    n = w.shape[-1]
+    flops = 2 * models * rows * k * n
+    batched = jax.jit(lambda a, b: lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,)))))
+    tall = jax.jit(lambda a, b: a @ b)
+    jx, jw = jax.device_put(x), jax.device_put(w)
+    jx2, jw2 = jax.device_put(x.reshape(models * rows, k)), jax.device_put(w[0])
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    tx2, tw2 = torch.from_numpy(x.reshape(models * rows, k)), torch.from_numpy(w[0])
+    cases = [(f"batched {models}x{rows}x{k}x{n}", batched, (jx, jw), lambda: torch.bmm(tx, tw)),
+             (f"one product {models * rows}x{k}x{n}", tall, (jx2, jw2), lambda: tx2 @ tw2)]
+    print("GFLOP/s (XLA with YNNPACK dots off, torch with 1 thread, torch with "
+          f"{R.cpu_count()} threads):")
+    for name, fn, args, torch_call in cases:
+        compiled = fn.lower(*args).compile(YNN_DOTS_OFF)
+        rates = [flops / best_time(blocking(compiled, *args)),
+                 flops / best_time(threads(1, torch_call)),
+                 flops / best_time(torch_call)]
+        print(f"  {name}: " + ", ".join(f"{r / 1e9:.0f}" for r in rates), flush=True)
+    half = models // 2
+    a, b = jax.device_put(x[:half]), jax.device_put(w[:half])
+    c, d = jax.device_put(x[half:]), jax.device_put(w[half:])
+    one = jax.jit(lambda a, b, c, d: batched(a, b)).lower(a, b, c, d).compile(YNN_DOTS_OFF)
+    two = jax.jit(lambda a, b, c, d: (batched(a, b), batched(c, d))).lower(a, b, c, d).compile(
+        YNN_DOTS_OFF)
+    print(f"two independent products of {half} models in one program, time / one of them: "
+          f"{paired(blocking(two, a, b, c, d), blocking(one, a, b, c, d))} "
+          "(2.00x: one after the other)", flush=True)
+
+
 def main():
     torch.set_num_threads(R.cpu_count())
     print(f"{R.cpu_model()}, {R.cpu_count()} CPUs, jax {jax.__version__}, torch {torch.__version__}")
     if "--programs" in sys.argv:
         return other_programs()
-    compiles = LIBRARIES if "--libraries" in sys.argv else COMPILES
     rng = np.random.default_rng(0)
     x = rng.standard_normal((10, 64, 784)).astype(np.float32)
     h = rng.standard_normal((10, 64, 256)).astype(np.float32)
     g = rng.standard_normal((10, 64, 256)).astype(np.float32)
     w0 = rng.standard_normal((10, 784, 256)).astype(np.float32)
     w1 = rng.standard_normal((10, 256, 256)).astype(np.float32)
+    compiles = present_libraries(x, w0) if "--libraries" in sys.argv else COMPILES
     products = [  # (name, lhs, rhs, contracted axes, the same with torch.bmm)
         ("forward x @ W0", x, w0, (2, 1), lambda a, b: torch.bmm(a, b)),
         ("forward h @ W1", h, w1, (2, 1), lambda a, b: torch.bmm(a, b)),
@@ -238,6 +306,7 @@ def main():
         print(f"  functx.jit, {label}: {paired(blocking(fn, *args), torch_call)}", flush=True)
     if "--libraries" in sys.argv:
         forward_programs(x[0], w0)
+        throughput(x, w0)
     if "--all" not in sys.argv:
         return
     print(f"every workload, functx.jit time / jax.jit time ({labels}):")
