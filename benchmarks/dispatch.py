@@ -1,8 +1,14 @@
 """Per-primitive cost of the interpreter stack: a chain of 20 elementwise
 ops under grad, under vmap and with no transform, against JAX's eager
 transforms and (if installed) torch.func. Prints microseconds per op
-(best of several repeats, so background load matters less)."""
+(best of several repeats, so background load matters less).
 
+Then the cost of functx.numpy itself with no transform (NOTE [plain calls]
+in functx/numpy/__init__.py): single calls of functx.numpy functions against
+the same jax.numpy calls, timed in alternating bursts (median over 21 pairs
+of the extra time and of the ratio)."""
+
+import statistics
 import time
 
 import jax
@@ -66,5 +72,37 @@ def main():
         print(f"{name:<10}{f / N_OPS:10.1f}{j / N_OPS:10.1f}{tcol}{f / j:12.2f}{rt}")
 
 
+def plain_calls():
+    x, y = jnp.ones((3, 3)), jnp.full((3, 3), 2.0)
+    calls = [
+        ("sin(x)", lambda np_: np_.sin(x)),
+        ("add(x, y)", lambda np_: np_.add(x, y)),
+        ("matmul(x, y)", lambda np_: np_.matmul(x, y)),
+        ("sum(x, axis=(0, 1))", lambda np_: np_.sum(x, axis=(0, 1))),
+        ("reshape(x, (9,))", lambda np_: np_.reshape(x, (9,))),
+        ("transpose(x, (1, 0))", lambda np_: np_.transpose(x, (1, 0))),
+        ("stack([x, y])", lambda np_: np_.stack([x, y])),
+        ("where(x > 1, x, 0.0)", lambda np_: np_.where(x > 1, x, 0.0)),
+    ]
+    print("\nno transform: a functx.numpy call against the jax.numpy call "
+          "(median of 21 alternating pairs of bursts)")
+    print(f"{'call':<24}{'jax.numpy us':>14}{'extra us':>10}{'functx/jax':>12}")
+    for name, call in calls:
+        ours, theirs = (lambda: call(fnp)), (lambda: call(jnp))
+        ours(), theirs()
+        extra, ratio, base = [], [], []
+        for i in range(21):
+            if i % 2:
+                a, b = best_us(ours, 200, 1), best_us(theirs, 200, 1)
+            else:
+                b, a = best_us(theirs, 200, 1), best_us(ours, 200, 1)
+            extra.append(a - b)
+            ratio.append(a / b)
+            base.append(b)
+        print(f"{name:<24}{statistics.median(base):14.1f}{statistics.median(extra):10.2f}"
+              f"{statistics.median(ratio):12.3f}")
+
+
 if __name__ == "__main__":
     main()
+    plain_calls()

@@ -231,12 +231,15 @@ def call_lifted(fn, args, kwargs):
     """Call the JAX function `fn(*args, **kwargs)`, where the arguments may
     hold functx values (NOTE [lifting])."""
     leaves, treedef = tree_util.tree_flatten((fn, args, kwargs))
-    has_tracer = False
+    for leaf in leaves:
+        if isinstance(leaf, Tracer):
+            break
+    else:
+        return fn(*args, **kwargs)
     key_parts = []
     dynamic = []
     for leaf in leaves:
         if isinstance(leaf, Tracer):
-            has_tracer = True
             dynamic.append(leaf)
             key_parts.append(leaf.aval)
         elif isinstance(leaf, (_JaxArray, np.ndarray)):
@@ -244,8 +247,6 @@ def call_lifted(fn, args, kwargs):
             key_parts.append(aval_of(leaf))
         else:
             key_parts.append(_StaticKey(leaf))
-    if not has_tracer:
-        return fn(*args, **kwargs)
     key = (treedef, tuple(key_parts))
     try:
         entry = _CACHE.get(key)

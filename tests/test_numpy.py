@@ -1,6 +1,8 @@
 """functx.numpy / functx.nn / functx.lax as drop-ins for their JAX
 namesakes, functx values as jax.Array look-alikes, and lifting."""
 
+import collections
+
 import equinox as eqx
 import numpy as np
 import pytest
@@ -69,6 +71,63 @@ def test_no_transform_calls_jax_numpy_directly():
     close(fnp.einsum("ij,kj->ik", A, B), jnp.einsum("ij,kj->ik", A, B))
     assert fnp.float32 is jnp.float32 and fnp.pi == jnp.pi
     assert fnp.linalg.norm is not None and fnp.fft.fft is not None
+
+
+PLAIN_CALLS = [
+    ("sin", lambda np_: np_.sin(A)),
+    ("add", lambda np_: np_.add(A, B)),
+    ("add_scalar", lambda np_: np_.add(A, 2.0)),
+    ("sum_axis_tuple", lambda np_: np_.sum(A, axis=(0, 1))),
+    ("reshape", lambda np_: np_.reshape(A, (3, 4))),
+    ("transpose", lambda np_: np_.transpose(A, (1, 0))),
+    ("stack_list", lambda np_: np_.stack([A, B], axis=-1)),
+    ("concatenate_tuple", lambda np_: np_.concatenate((A, B))),
+    ("pad_nested", lambda np_: np_.pad(A, ((1, 0), (0, 2)))),
+    ("einsum", lambda np_: np_.einsum("ij,kj->ik", A, B)),
+    ("add_outer", lambda np_: np_.add.outer(A[0], B[0])),
+    ("linalg_norm", lambda np_: np_.linalg.norm(A, axis=1)),
+]
+
+
+@pytest.mark.parametrize("name,call", PLAIN_CALLS, ids=[c[0] for c in PLAIN_CALLS])
+def test_plain_calls_do_not_lift(name, call, monkeypatch):
+    """NOTE [plain calls]: without functx values, containers of arrays and
+    numbers included, a functx.numpy function calls jax.numpy directly."""
+    def lifted(fn, args, kwargs):
+        raise AssertionError(f"{name}: a call without functx values was lifted")
+
+    monkeypatch.setattr(fnp, "_call_lifted", lifted)
+    close(call(fnp), call(jnp))
+
+
+def test_functx_values_inside_named_tuples_are_lifted():
+    Pair = collections.namedtuple("Pair", "a b")
+
+    def f(np_):
+        return lambda v: np_.stack(Pair(v, 2 * v), axis=0).sum(0)
+
+    close(fx.vmap(f(fnp))(A), jax.vmap(f(jnp))(A))
+    close(fx.grad(lambda v: f(fnp)(v).sum())(A[0]), jax.grad(lambda v: f(jnp)(v).sum())(A[0]))
+
+
+def test_ufunc_methods_and_properties():
+    """jax.numpy's ufuncs (add, multiply, ...) are objects with methods;
+    functx's versions have the same methods, under transforms too."""
+    for attr in ("nin", "nout", "nargs", "identity"):
+        assert getattr(fnp.add, attr) == getattr(jnp.add, attr)
+        assert getattr(fnp.multiply, attr) == getattr(jnp.multiply, attr)
+
+    def f(np_):
+        def g(v):
+            return (np_.multiply.reduce(v) + np_.add.accumulate(v).sum()
+                    + np_.add.outer(v, v).sum() + np_.add.at(v, 0, v[1], inplace=False).sum()
+                    + np_.maximum.reduce(v))
+        return g
+
+    close(f(fnp)(A[0]), f(jnp)(A[0]))
+    close(fx.grad(f(fnp))(A[0]), jax.grad(f(jnp))(A[0]))
+    close(fx.vmap(f(fnp))(A), jax.vmap(f(jnp))(A))
+    close(fx.vmap(fx.grad(f(fnp)))(A), jax.vmap(jax.grad(f(jnp)))(A))
 
 
 FUNCTIONS = [

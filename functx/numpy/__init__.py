@@ -9,6 +9,7 @@ which skips the lifting cache lookup. Dtypes, constants and classes are
 jax.numpy's own objects.
 """
 
+import inspect as _inspect
 import types as _types
 
 import jax.numpy as _jnp
@@ -20,24 +21,47 @@ from ..primitives import elementwise as _ew
 from ..primitives.common import scalar_constant as _scalar_constant
 
 
-_CONTAINERS = (list, tuple, dict)
+# NOTE [plain calls]: with no functx value among its arguments a functx.numpy
+# function is the jax.numpy call plus one scan of the arguments, so eager
+# code without transforms pays (nearly) nothing for functx (issue 3's eager
+# target; `benchmarks/dispatch.py` measures it). The scan classifies each
+# argument by its type, once per type: a functx value, a list/tuple (also
+# named tuples) or dict to look inside, or anything else, passed as it is.
+_PLAIN, _TRACER, _SEQUENCE, _MAPPING = 0, 1, 2, 3
+_TYPE_KINDS = {}
 
 
-def _plain_call(args, kwargs):
-    """True when no argument is a functx value or a container that might
-    hold one: then the JAX function can be called directly."""
-    for a in args:
-        if isinstance(a, _Tracer) or type(a) in _CONTAINERS:
-            return False
-    for a in kwargs.values():
-        if isinstance(a, _Tracer) or type(a) in _CONTAINERS:
-            return False
+def _type_kind(t):
+    kind = _TYPE_KINDS.get(t)
+    if kind is None:
+        if issubclass(t, _Tracer):
+            kind = _TRACER
+        elif issubclass(t, (list, tuple)):
+            kind = _SEQUENCE
+        elif issubclass(t, dict):
+            kind = _MAPPING
+        else:
+            kind = _PLAIN
+        _TYPE_KINDS[t] = kind
+    return kind
+
+
+def _plain(values):
+    """True when no functx value is among `values`, or inside the lists,
+    tuples and dicts among them (NOTE [plain calls])."""
+    for a in values:
+        kind = _TYPE_KINDS.get(type(a))
+        if kind is None:
+            kind = _type_kind(type(a))
+        if kind:
+            if kind == _TRACER or not _plain(a.values() if kind == _MAPPING else a):
+                return False
     return True
 
 
 def _wrap(name, fn, namespace="jax.numpy"):
     def wrapper(*args, **kwargs):
-        if _plain_call(args, kwargs):
+        if _plain(args) and (not kwargs or _plain(kwargs.values())):
             return fn(*args, **kwargs)
         return _call_lifted(fn, args, kwargs)
 
@@ -66,8 +90,23 @@ def populate(target, source, namespace):
             target[name] = obj
         else:
             target[name] = _wrap(name, obj, namespace)
+            if isinstance(obj, _jnp.ufunc):
+                _ufunc_methods(target[name], obj, namespace)
         names.append(name)
     return names
+
+
+def _ufunc_methods(wrapper, ufunc, namespace):
+    """A jax.numpy ufunc (`add`, `multiply`, ...) is an object with methods
+    (`outer`, `reduce`, `accumulate`, `reduceat`, `at`) and properties
+    (`nin`, `nout`, ...); its functx version has them too."""
+    for attr in dir(ufunc):
+        if attr.startswith("_"):
+            continue
+        value = getattr(ufunc, attr)
+        if callable(value):
+            value = _wrap(f"{wrapper.__name__}.{attr}", value, namespace)
+        setattr(wrapper, attr, value)
 
 
 __all__ = populate(globals(), _jnp, "jax.numpy")
@@ -99,23 +138,36 @@ _BINARY = {
 _FLOAT_ONLY = {"divide", "true_divide", "arctan2"}
 
 
+def _positional_only(fn, n):
+    """True when `fn` takes exactly `n` positional-only arguments: then the
+    fast function takes them alone, without *args/**kwargs, whose packing
+    costs more than the rest of its check (NOTE [plain calls])."""
+    try:
+        params = list(_inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    # (a loop: this module's `all` is jax.numpy's)
+    return len(params) == n and not [p for p in params if p.kind is not p.POSITIONAL_ONLY]
+
+
 def _unary_fast(name, binder, slow):
     jax_fn = slow.__wrapped__
 
+    def direct(x):
+        if isinstance(x, _Tracer):
+            a = x.aval
+            if _kind(a.dtype) == "f" and not a.weak_type:
+                return binder(x)
+        elif _TYPE_KINDS.get(type(x)) == _PLAIN:
+            return jax_fn(x)
+        return slow(x)
+
     def fn(x, *args, **kwargs):
         if not args and not kwargs:
-            if isinstance(x, _Tracer):
-                a = x.aval
-                if _kind(a.dtype) == "f" and not a.weak_type:
-                    return binder(x)
-            elif type(x) not in _CONTAINERS:
-                return jax_fn(x)
+            return direct(x)
         return slow(x, *args, **kwargs)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = slow.__doc__
-    fn.__wrapped__ = slow.__wrapped__
-    return fn
+    return _fast(direct if _positional_only(jax_fn, 1) else fn, name, slow)
 
 
 _PY_SCALARS = (int, float)
@@ -160,17 +212,30 @@ def binary_operands(x, y, float_only=False):
 
 def _binary_fast(name, binder, slow):
     float_only = name in _FLOAT_ONLY
+    jax_fn = slow.__wrapped__
+
+    def direct(x, y):
+        if _TYPE_KINDS.get(type(x)) == _PLAIN and _TYPE_KINDS.get(type(y)) == _PLAIN:
+            return jax_fn(x, y)
+        ops = binary_operands(x, y, float_only)
+        if ops is not None:
+            return binder(*ops)
+        return slow(x, y)
 
     def fn(x, y, *args, **kwargs):
         if not args and not kwargs:
-            ops = binary_operands(x, y, float_only)
-            if ops is not None:
-                return binder(*ops)
+            return direct(x, y)
         return slow(x, y, *args, **kwargs)
 
+    return _fast(direct if _positional_only(jax_fn, 2) else fn, name, slow)
+
+
+def _fast(fn, name, slow):
     fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = slow.__module__
     fn.__doc__ = slow.__doc__
     fn.__wrapped__ = slow.__wrapped__
+    fn.__dict__.update({k: v for k, v in slow.__dict__.items() if k != "__wrapped__"})
     return fn
 
 
