@@ -302,11 +302,13 @@ def _jax_call(rule, primals):
     return tree_util.tree_leaves(rule.owner._jax_version()(*full))
 
 
-class _UserJVPRule:
-    """The jvp rule object (NOTE [custom derivative rules]) of a
-    functx.custom_jvp function, for one argument signature."""
+class _UserRule:
+    """What the rule objects (NOTE [custom derivative rules]) of
+    functx.custom_jvp and functx.custom_vjp functions share: the owner, its
+    staged function for one argument signature, and the JAX twin's call."""
 
-    kind = "custom_jvp"
+    kind = None
+    describes = None  # "jvp" or "fwd/bwd", for the repr
 
     def __init__(self, owner, staged):
         self.owner = owner
@@ -318,10 +320,18 @@ class _UserJVPRule:
         self.handles = {}
 
     def __repr__(self):
-        return f"jvp of {self.name}"
+        return f"{self.describes} of {self.name}"
 
     def jax_call(self, primals):
         return _jax_call(self, primals)
+
+
+class _UserJVPRule(_UserRule):
+    """The jvp rule object of a functx.custom_jvp function, for one argument
+    signature."""
+
+    kind = "custom_jvp"
+    describes = "jvp"
 
     def __call__(self, consts, primals, tangents):
         owner, staged, spec = self.owner, self.staged, self.staged.spec
@@ -381,28 +391,13 @@ def _symbolic_zero(aval):
     return SymbolicZero(jax.core.ShapedArray(aval.shape, aval.dtype).to_tangent_aval())
 
 
-class _UserVJPRule:
-    """The fwd/bwd rule object (NOTE [custom derivative rules]) of a
-    functx.custom_vjp function, for one argument signature. The nondiff
-    arrays ride along at the end of the residuals, so bwd gets them back
-    under every transform."""
+class _UserVJPRule(_UserRule):
+    """The fwd/bwd rule object of a functx.custom_vjp function, for one
+    argument signature. The nondiff arrays ride along at the end of the
+    residuals, so bwd gets them back under every transform."""
 
     kind = "custom_vjp"
-
-    def __init__(self, owner, staged):
-        self.owner = owner
-        self.staged = staged
-        self.n_closure = len(staged.closure)
-        self.closure_interps = _interps_of(staged.closure)
-        self.primal_avals = list(staged.spec.avals)
-        self.name = owner.__name__
-        self.handles = {}
-
-    def __repr__(self):
-        return f"fwd/bwd of {self.name}"
-
-    def jax_call(self, primals):
-        return _jax_call(self, primals)
+    describes = "fwd/bwd"
 
     def fwd(self, consts, primals):
         owner, staged, spec = self.owner, self.staged, self.staged.spec
