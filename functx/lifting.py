@@ -20,6 +20,7 @@ inputs is a functx value; otherwise it raises an error naming the primitive.
 """
 
 import jax
+import jax.extend.core
 import numpy as np
 from jax import tree_util
 from jax._src import core as jcore
@@ -140,7 +141,7 @@ class Program:
                     continue
                 if name in _INLINE_PARAM:
                     sub = eqn.params[_INLINE_PARAM[name]]
-                    if isinstance(sub, jcore.ClosedJaxpr):
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
                         sub_jaxpr, sub_consts = sub.jaxpr, sub.consts
                     else:
                         sub_jaxpr, sub_consts = sub, []

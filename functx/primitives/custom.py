@@ -671,7 +671,7 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
     from jax._src import core as jcore
 
     if not any(isinstance(c, jcore.Tracer) for c in consts):
-        return jcore.ClosedJaxpr(jaxpr, consts), (), None
+        return jax.extend.core.ClosedJaxpr(jaxpr, consts), (), None
     index = {}  # by id: the names are held alive by `operands`
     for i, names in enumerate(operands):
         for name in names:
@@ -702,7 +702,7 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
     jaxpr = jaxpr.replace(constvars=kept_vars, invars=moved + list(jaxpr.invars),
                           debug_info=info)
     in_tracers = tracers + [None] * (len(jaxpr.invars) - len(moved))
-    return jcore.ClosedJaxpr(jaxpr, kept), tuple(picks), in_tracers
+    return jax.extend.core.ClosedJaxpr(jaxpr, kept), tuple(picks), in_tracers
 
 
 def _float0():
