@@ -130,6 +130,16 @@ def test_ufunc_methods_and_properties():
     close(fx.vmap(fx.grad(f(fnp)))(A), jax.vmap(jax.grad(f(jnp)))(A))
 
 
+def test_frompyfunc_ufuncs_accept_functx_values():
+    def f(np_):
+        u = np_.frompyfunc(lambda a, b: a * b + np_.sin(a), 2, 1, identity=0.0)
+        return lambda v: u(v, 2 * v).sum() + u.reduce(v) + u.outer(v, v).sum()
+
+    assert fnp.frompyfunc(jnp.add, 2, 1).nin == 2
+    close(fx.grad(f(fnp))(A[0]), jax.grad(f(jnp))(A[0]))
+    close(fx.vmap(fx.grad(f(fnp)))(A), jax.vmap(jax.grad(f(jnp)))(A))
+
+
 FUNCTIONS = [
     ("sum", lambda x: fnp.sum(x, axis=0), lambda x: jnp.sum(x, axis=0)),
     ("mean_keepdims", lambda x: fnp.mean(x, axis=1, keepdims=True), lambda x: jnp.mean(x, axis=1, keepdims=True)),

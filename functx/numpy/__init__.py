@@ -246,4 +246,14 @@ for _name, _binder in _BINARY.items():
 del _name, _binder
 
 
+def frompyfunc(func, /, nin, nout, *, identity=None):
+    """functx version of `jax.numpy.frompyfunc`: the ufunc it returns (call,
+    `outer`, `reduce`, `accumulate`, `reduceat`, `at`) accepts functx
+    values. Write `func` with jax.numpy or functx.numpy."""
+    ufunc = _jnp.frompyfunc(func, nin, nout, identity=identity)
+    wrapper = _wrap(ufunc.__name__, ufunc)
+    _ufunc_methods(wrapper, ufunc, "jax.numpy")
+    return wrapper
+
+
 from . import fft, linalg  # noqa: E402,F401  (namespaces of their own)
