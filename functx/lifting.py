@@ -228,14 +228,29 @@ def _trampoline(fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
+class ImperativeValue:
+    """Base of functx.autograd.Tensor (NOTE [imperative mode] in
+    functx/autograd/imperative.py): a call with one among its arguments is
+    handed to the class's `apply(fn, args, kwargs)`."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def apply(fn, args, kwargs):
+        raise NotImplementedError
+
+
 def call_lifted(fn, args, kwargs):
     """Call the JAX function `fn(*args, **kwargs)`, where the arguments may
-    hold functx values (NOTE [lifting])."""
+    hold functx values or autograd tensors (NOTE [lifting])."""
     leaves, treedef = tree_util.tree_flatten((fn, args, kwargs))
+    has_tracer = False
     for leaf in leaves:
+        if isinstance(leaf, ImperativeValue):
+            return type(leaf).apply(fn, args, kwargs)
         if isinstance(leaf, Tracer):
-            break
-    else:
+            has_tracer = True
+    if not has_tracer:
         return fn(*args, **kwargs)
     key_parts = []
     dynamic = []

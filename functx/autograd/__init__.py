@@ -14,6 +14,8 @@ design, built on functx's transforms (SPEC section 4).
 * `forward_ad`: dual levels, `make_dual`, `unpack_dual`.
 * `profiler`: `profile`, `record_function`: per-primitive timings of eager
   execution, torch-style tables and Chrome traces.
+* imperative mode: `Tensor`, `tensor`, `backward`, `grad`: torch-style
+  tensors that record operations, and backward passes over them.
 """
 
 from . import forward_ad, functional, graph, profiler
@@ -28,6 +30,7 @@ from .anomaly_mode import (
 from .function import Function, FunctionCtx, once_differentiable
 from .grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
+from .imperative import AccumulateGrad, Node, RemovableHandle, Tensor, backward, grad, tensor
 
 __all__ = [
     "functional", "forward_ad", "graph", "profiler",
@@ -37,4 +40,5 @@ __all__ = [
     "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
     "is_anomaly_check_nan_enabled", "AnomalyError",
     "IndependenceError", "AutogradValueError", "AutogradNotImplementedError",
+    "Tensor", "tensor", "backward", "grad", "Node", "AccumulateGrad", "RemovableHandle",
 ]

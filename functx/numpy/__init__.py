@@ -16,6 +16,7 @@ import jax.numpy as _jnp
 
 from ..core import Tracer as _Tracer
 from ..core import aval_of as _aval_of
+from ..lifting import ImperativeValue as _ImperativeValue
 from ..lifting import call_lifted as _call_lifted
 from ..primitives import elementwise as _ew
 from ..primitives.common import scalar_constant as _scalar_constant
@@ -25,8 +26,9 @@ from ..primitives.common import scalar_constant as _scalar_constant
 # function is the jax.numpy call plus one scan of the arguments, so eager
 # code without transforms pays (nearly) nothing for functx (issue 3's eager
 # target; `benchmarks/dispatch.py` measures it). The scan classifies each
-# argument by its type, once per type: a functx value, a list/tuple (also
-# named tuples) or dict to look inside, or anything else, passed as it is.
+# argument by its type, once per type: a functx value (or an autograd
+# tensor), a list/tuple (also named tuples) or dict to look inside, or
+# anything else, passed as it is.
 _PLAIN, _TRACER, _SEQUENCE, _MAPPING = 0, 1, 2, 3
 _TYPE_KINDS = {}
 
@@ -34,7 +36,7 @@ _TYPE_KINDS = {}
 def _type_kind(t):
     kind = _TYPE_KINDS.get(t)
     if kind is None:
-        if issubclass(t, _Tracer):
+        if issubclass(t, (_Tracer, _ImperativeValue)):
             kind = _TRACER
         elif issubclass(t, (list, tuple)):
             kind = _SEQUENCE
@@ -202,7 +204,7 @@ def binary_operands(x, y, float_only=False):
     if type(other) in _PY_SCALARS and (kind == "f" or (kind == "i" and type(other) is int and not float_only)):
         c = _scalar_constant(other, a.dtype)
         return (t, c) if xt else (c, t)
-    if hasattr(other, "shape") and not isinstance(other, _Tracer):
+    if hasattr(other, "shape") and not isinstance(other, (_Tracer, _ImperativeValue)):
         oa = _aval_of(other)
         if oa.dtype == a.dtype and oa.shape == a.shape and not oa.weak_type:
             if not float_only or kind == "f":

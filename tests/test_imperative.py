@@ -1,0 +1,237 @@
+"""Imperative autograd (functx.autograd.Tensor, backward, grad) against
+torch.autograd running the same programs on the same float64 values."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import functx as fx
+import functx.numpy as fnp
+from functx.autograd import Tensor, tensor
+
+torch = pytest.importorskip("torch")
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal((4, 3))
+W = rng.standard_normal((3, 5))
+B = rng.standard_normal((1, 5))
+
+
+def close(a, b, rtol=1e-10):
+    a = a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else np.asarray(a)
+    b = b.detach().numpy() if isinstance(b, torch.Tensor) else np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-12)
+
+
+def both(requires=(True, True, True)):
+    """The same leaves as functx tensors and as torch tensors."""
+    ours = [Tensor(jnp.asarray(v), requires_grad=r) for v, r in zip((X, W, B), requires)]
+    theirs = [torch.tensor(v, requires_grad=r) for v, r in zip((X, W, B), requires)]
+    return ours, theirs
+
+
+def mlp_loss(np_, relu, x, w, b):
+    h = relu(x @ w + b)
+    y = np_.tanh(h[:, 1:4]) * x.sum(1, keepdims=True) ** 2
+    return (y / 3.0 - h.mean()).sum()
+
+
+def ours_loss(x, w, b):
+    return mlp_loss(fnp, fx.nn.relu, x, w, b)
+
+
+def torch_loss(x, w, b):
+    return mlp_loss(torch, torch.relu, x, w, b)
+
+
+def test_backward_accumulates_into_leaves_like_torch():
+    ours, theirs = both()
+    ours_loss(*ours).backward(retain_graph=True)
+    torch_loss(*theirs).backward(retain_graph=True)
+    for a, b in zip(ours, theirs):
+        close(a.grad, b.grad)
+    # a second pass over a new graph adds to .grad
+    ours_loss(*ours).backward()
+    torch_loss(*theirs).backward()
+    for a, b in zip(ours, theirs):
+        close(a.grad, b.grad)
+        assert a.is_leaf and a.grad_fn is None and not a.grad.requires_grad
+
+
+def test_second_backward_needs_retain_graph():
+    x = Tensor(jnp.asarray(X), requires_grad=True)
+    y = (fnp.sin(x) * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    close(x.grad, 2 * (np.cos(X) * X + np.sin(X)))
+    with pytest.raises(fx.FunctxRuntimeError, match="second time.*retain_graph=True") as e:
+        y.backward()
+    assert isinstance(e.value, RuntimeError)
+
+
+def test_autograd_grad_returns_gradients_without_accumulating():
+    ours, theirs = both()
+    got = fx.autograd.grad(ours_loss(*ours), ours[:2])
+    want = torch.autograd.grad(torch_loss(*theirs), theirs[:2])
+    assert isinstance(got, tuple) and len(got) == 2
+    for a, b in zip(got, want):
+        close(a, b)
+    assert all(t.grad is None for t in ours)
+
+
+def test_grad_of_non_leaf_inputs_and_grad_outputs():
+    ours, theirs = both()
+    hs = [x @ w + b for x, w, b in (ours, theirs)]
+    outs = [fnp.tanh(hs[0]), torch.tanh(hs[1])]
+    v = rng.standard_normal(outs[1].shape)
+    got = fx.autograd.grad(outs[0], (hs[0], ours[1]), grad_outputs=jnp.asarray(v))
+    want = torch.autograd.grad(outs[1], (hs[1], theirs[1]), grad_outputs=torch.tensor(v))
+    for a, b in zip(got, want):
+        close(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_create_graph_gives_second_derivatives():
+    x = Tensor(jnp.asarray(X[0]), requires_grad=True)
+    tx = torch.tensor(X[0], requires_grad=True)
+    v = rng.standard_normal(3)
+
+    def f(np_, x):
+        return (np_.exp(x) * x[0] + x ** 3).sum()
+
+    (g,) = fx.autograd.grad(f(fnp, x), x, create_graph=True)
+    (tg,) = torch.autograd.grad(f(torch, tx), tx, create_graph=True)
+    close(g, tg)
+    assert g.requires_grad and g.grad_fn is not None
+    (hv,) = fx.autograd.grad((g * jnp.asarray(v)).sum(), x)
+    (thv,) = torch.autograd.grad((tg * torch.tensor(v)).sum(), tx)
+    close(hv, thv)
+    # backward(create_graph=True) leaves a differentiable .grad
+    f(fnp, x).backward(create_graph=True)
+    assert x.grad.requires_grad
+    (hh,) = fx.autograd.grad(x.grad.sum(), x)
+    f(torch, tx).backward(create_graph=True)
+    (thh,) = torch.autograd.grad(tx.grad.sum(), tx)
+    close(hh, thh)
+
+
+def test_unused_inputs():
+    x = Tensor(jnp.asarray(X), requires_grad=True)
+    u = Tensor(jnp.asarray(W), requires_grad=True)
+    y = (x * 2).sum()
+    with pytest.raises(fx.FunctxRuntimeError, match="not have been used.*allow_unused=True"):
+        fx.autograd.grad(y, (x, u), retain_graph=True)
+    gx, gu = fx.autograd.grad(y, (x, u), allow_unused=True, retain_graph=True)
+    close(gx, np.full(X.shape, 2.0))
+    assert gu is None
+    _, gu = fx.autograd.grad(y, (x, u), materialize_grads=True)
+    close(gu, np.zeros(W.shape))
+
+
+def test_hooks_retain_grad_and_node_hooks_like_torch():
+    def run(lib, make, relu):
+        x = make(X)
+        w = make(W)
+        seen = []
+        hx = x.register_hook(lambda g: g * 3.0)
+        h = x @ w
+        h.retain_grad()
+        h.register_hook(lambda g: seen.append(g.shape))
+        z = relu(h)
+        s = (z * z).sum()
+        z.grad_fn.register_prehook(lambda gouts: tuple(g * 0.5 for g in gouts))
+        h.grad_fn.register_hook(lambda gins, gouts: tuple(2.0 * g for g in gins))
+        s.backward(retain_graph=True)
+        hx.remove()
+        x.grad = None
+        (z * 1.0).sum().backward()
+        return x.grad, w.grad, h.grad, seen
+
+    ours = run(fnp, lambda v: Tensor(jnp.asarray(v), requires_grad=True), fx.nn.relu)
+    theirs = run(torch, lambda v: torch.tensor(v, requires_grad=True), torch.relu)
+    for a, b in zip(ours[:3], theirs[:3]):
+        close(a, b)
+    assert [tuple(s) for s in ours[3]] == [tuple(s) for s in theirs[3]] == [(4, 5), (4, 5)]
+
+
+def test_graph_structure_like_torch():
+    x = Tensor(jnp.asarray(X), requires_grad=True)
+    c = Tensor(jnp.asarray(X))
+    y = x * c
+    assert not c.requires_grad and y.requires_grad and not y.is_leaf
+    assert y.grad_fn.name() == "MultiplyBackward0"
+    (first, second) = y.grad_fn.next_functions
+    assert first[0].variable is x and first[0].name().endswith("AccumulateGrad")
+    assert second == (None, 0)
+    s = y.sum()
+    assert s.grad_fn.next_functions[0][0] is y.grad_fn
+    assert y.detach().grad_fn is None and not y.detach().requires_grad
+    np.testing.assert_array_equal(y.detach().numpy(), X * X)
+
+
+def test_multiple_outputs_and_lifted_jax_functions():
+    x = Tensor(jnp.asarray(X), requires_grad=True)
+    tx = torch.tensor(X, requires_grad=True)
+    a, b = fnp.split(x, 2, axis=0)
+    ta, tb = torch.split(tx, 2, dim=0)
+    (fx.lift(jax.nn.softplus)(a).sum() * 2).backward()
+    (torch.nn.functional.softplus(ta).sum() * 2).backward()
+    close(x.grad, tx.grad)
+    assert b.grad_fn is a.grad_fn and b.output_nr == 1
+
+
+def test_backward_inputs_and_grad_modes():
+    ours, theirs = both()
+    ours_loss(*ours).backward(inputs=[ours[1]])
+    torch_loss(*theirs).backward(inputs=[theirs[1]])
+    assert ours[0].grad is None and theirs[0].grad is None
+    close(ours[1].grad, theirs[1].grad)
+    # a non-leaf among `inputs` gets its gradient in .grad, and only what
+    # leads to the inputs runs (the leaf hook below must not fire)
+    ours, theirs = both()
+    fired = []
+    for x, w, b in (ours, theirs):
+        x.register_hook(lambda g: fired.append(1))
+    hs = [x @ w for x, w, _ in (ours, theirs)]
+    (fnp.sin(hs[0]) * ours[2]).sum().backward(inputs=[hs[0], ours[2]])
+    (torch.sin(hs[1]) * theirs[2]).sum().backward(inputs=[hs[1], theirs[2]])
+    close(hs[0].grad, hs[1].grad)
+    close(ours[2].grad, theirs[2].grad)
+    assert ours[0].grad is None and theirs[0].grad is None and not fired
+    with fx.no_grad():
+        y = ours[0] * 2
+    assert not y.requires_grad and y.grad_fn is None
+    with fx.enable_grad():
+        assert (ours[0] * 2).requires_grad
+
+
+def test_tensor_behaves_like_an_array():
+    t = tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    assert t.shape == (2, 2) and t.ndim == 2 and t.dtype == jnp.float64
+    close(t.T @ t, np.array([[10.0, 14.0], [14.0, 20.0]]))
+    assert float(t[1, 0]) == 3.0 and (t > 2.0).dtype == jnp.bool_
+    assert not (t > 2.0).requires_grad
+    close(1.0 - t, 1.0 - t.numpy())
+    close(np.ones((2, 2)) * t, t.numpy())
+    assert len(t) == 2 and [r.shape for r in t] == [(2,), (2,)]
+    assert "requires_grad=True" in repr(t) and "grad_fn=<" in repr(t * 1.0)
+    assert isinstance(t.array, jax.Array)
+
+
+def test_misuse_errors_name_the_fix():
+    with pytest.raises(fx.FunctxRuntimeError, match="floating point"):
+        Tensor(jnp.arange(3), requires_grad=True)
+    x = Tensor(jnp.asarray(X), requires_grad=True)
+    y = x * 2
+    with pytest.raises(fx.FunctxRuntimeError, match="leaf"):
+        y.requires_grad = False
+    with pytest.raises(fx.FunctxRuntimeError, match="implicitly created only for scalar"):
+        y.backward()
+    with pytest.raises(fx.FunctxRuntimeError, match="does not require grad"):
+        Tensor(jnp.asarray(X)).sum().backward()
+    with pytest.raises(fx.FunctxRuntimeError, match="shape"):
+        y.backward(jnp.ones(3))
+    with pytest.raises(fx.FunctxTypeError, match="transform.*t.array") as e:
+        fx.grad(lambda v: (v * x).sum())(jnp.asarray(X))
+    assert isinstance(e.value, TypeError)
