@@ -347,6 +347,19 @@ def bind(prim, *args, **params):
 # Tracers
 
 
+class ImperativeValue:
+    """Base of functx.autograd.Tensor (NOTE [imperative mode] in
+    functx/autograd/imperative.py): not a transform value, but a call of a
+    JAX function through functx (functx.numpy, `lift`) with one among its
+    arguments is handed to the class's `apply(fn, args, kwargs)`."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def apply(fn, args, kwargs):
+        raise NotImplementedError
+
+
 class Tracer:
     """A functx value inside a transform. It behaves like a jax.Array
     (operators, methods and indexing are attached by functx._array_api)."""
@@ -433,6 +446,13 @@ def _index(v):
 
 def jax_misuse_error(value=None):
     where = describe_user_line()
+    if isinstance(value, ImperativeValue):
+        return JaxOnFunctxValueError(
+            f"An autograd.Tensor was passed to a JAX or NumPy function at {where}. "
+            "JAX functions do not record operations on tensors. Use functx.numpy / "
+            "functx.nn / functx.lax, or wrap the JAX function with functx.lift(fn); "
+            "pass `t.array` to use the array outside the graph."
+        )
     what = f" ({value.aval.str_short()})" if isinstance(value, Tracer) else ""
     return JaxOnFunctxValueError(
         f"A functx value{what} was passed to a JAX or NumPy function at "
@@ -449,7 +469,7 @@ def _register_with_jax():
     value reaches a JAX function.
 
     JAX asks a per-type table for the abstract value of each argument; the
-    entry for functx tracers raises. `jax.jit`-wrapped functions (most of
+    entries for functx tracers and autograd tensors raise. `jax.jit`-wrapped functions (most of
     jax.numpy) turn any TypeError raised there into their own message, so
     their argument check is wrapped to look for functx values first."""
     from jax._src import core as jcore
@@ -464,7 +484,7 @@ def _register_with_jax():
 
         def _infer_input_type(fun, dbg_fn, explicit_args):
             for a in explicit_args:
-                if isinstance(a, Tracer):
+                if isinstance(a, (Tracer, ImperativeValue)):
                     raise jax_misuse_error(a)
             return infer(fun, dbg_fn, explicit_args)
 
@@ -486,23 +506,27 @@ def _register_with_jax():
 
     jcore.Primitive.bind = bind
 
-    jcore.pytype_aval_mappings[Tracer] = _refuse
+    for cls in (Tracer, ImperativeValue):
+        jcore.pytype_aval_mappings[cls] = _refuse
     try:
         from jax._src import dtypes as jdtypes
 
-        jdtypes.canonicalize_value_handlers[Tracer] = _refuse
+        for cls in (Tracer, ImperativeValue):
+            jdtypes.canonicalize_value_handlers[cls] = _refuse
     except (ImportError, AttributeError):
         pass
     try:
         from jax._src import api_util
 
-        api_util._shaped_abstractify_handlers[Tracer] = _refuse
+        for cls in (Tracer, ImperativeValue):
+            api_util._shaped_abstractify_handlers[cls] = _refuse
     except (ImportError, AttributeError):
         pass
     try:
         from jax._src import xla
 
-        xla.canonicalize_dtype_handlers[Tracer] = _refuse
+        for cls in (Tracer, ImperativeValue):
+            xla.canonicalize_dtype_handlers[cls] = _refuse
     except (ImportError, AttributeError):
         pass
 

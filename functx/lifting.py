@@ -25,7 +25,7 @@ import numpy as np
 from jax import tree_util
 from jax._src import core as jcore
 
-from .core import FROM_JAX, Aval, Tracer, aval_of, bind
+from .core import FROM_JAX, Aval, ImperativeValue, Tracer, aval_of, bind
 from .errors import FunctxTypeError, MissingRuleError
 
 _INLINE_PARAM = {
@@ -226,18 +226,6 @@ def _is_dynamic(leaf):
 
 def _trampoline(fn, args, kwargs):
     return fn(*args, **kwargs)
-
-
-class ImperativeValue:
-    """Base of functx.autograd.Tensor (NOTE [imperative mode] in
-    functx/autograd/imperative.py): a call with one among its arguments is
-    handed to the class's `apply(fn, args, kwargs)`."""
-
-    __slots__ = ()
-
-    @staticmethod
-    def apply(fn, args, kwargs):
-        raise NotImplementedError
 
 
 def call_lifted(fn, args, kwargs):

@@ -232,6 +232,8 @@ def test_misuse_errors_name_the_fix():
         Tensor(jnp.asarray(X)).sum().backward()
     with pytest.raises(fx.FunctxRuntimeError, match="shape"):
         y.backward(jnp.ones(3))
+    with pytest.raises(fx.JaxOnFunctxValueError, match="autograd.Tensor.*functx.numpy.*t.array"):
+        jnp.sin(x)
     with pytest.raises(fx.FunctxTypeError, match="transform.*t.array") as e:
         fx.grad(lambda v: (v * x).sum())(jnp.asarray(X))
     assert isinstance(e.value, TypeError)

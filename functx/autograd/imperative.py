@@ -5,7 +5,7 @@ NOTE [imperative mode]
 A `Tensor` holds a JAX array and torch's autograd state (`requires_grad`,
 `grad`, `grad_fn`, hooks). It is not a functx transform value: any JAX or
 functx.numpy function applied to tensors reaches `apply` below (functx.numpy
-sees a `lifting.ImperativeValue` among the arguments and calls
+sees a `core.ImperativeValue` among the arguments and calls
 `lifting.call_lifted`, which hands the call here). `apply` runs the function
 on the arrays; when grad mode is on and some tensor argument requires grad,
 it runs it under `functx.vjp` with respect to those tensors' arrays (one
@@ -35,7 +35,8 @@ from jax import tree_util
 
 from .. import core as _core
 from ..errors import FunctxRuntimeError, FunctxTypeError
-from ..lifting import ImperativeValue, call_lifted
+from ..core import ImperativeValue
+from ..lifting import call_lifted
 from ..transforms.grad import vjp as _vjp
 from .grad_mode import is_grad_enabled, set_grad_enabled
 
@@ -333,9 +334,6 @@ class Tensor(ImperativeValue):
     def __array__(self, dtype=None, copy=None):
         out = np.asarray(self._value)
         return out.astype(dtype) if dtype is not None else out
-
-    def __jax_array__(self):
-        return self._value
 
     def __float__(self):
         return float(self._value)

@@ -14,9 +14,9 @@ import types as _types
 
 import jax.numpy as _jnp
 
+from ..core import ImperativeValue as _ImperativeValue
 from ..core import Tracer as _Tracer
 from ..core import aval_of as _aval_of
-from ..lifting import ImperativeValue as _ImperativeValue
 from ..lifting import call_lifted as _call_lifted
 from ..primitives import elementwise as _ew
 from ..primitives.common import scalar_constant as _scalar_constant
