@@ -181,6 +181,53 @@ def test_multiple_outputs_and_lifted_jax_functions():
     assert b.grad_fn is a.grad_fn and b.output_nr == 1
 
 
+def test_autograd_function_on_tensors_uses_its_backward():
+    def make(base, np_):
+        class ScaledExp(base):
+            @staticmethod
+            def forward(x, k):
+                return np_.exp(x) * k
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
+                ctx.save_for_backward(output)
+
+            @staticmethod
+            def backward(ctx, g):
+                (out,) = ctx.saved_tensors
+                return 2.0 * g * out, None  # twice the true derivative, on purpose
+
+        return ScaledExp
+
+    ours, theirs = make(fx.autograd.Function, fnp), make(torch.autograd.Function, torch)
+    x = Tensor(jnp.asarray(X), requires_grad=True)
+    tx = torch.tensor(X, requires_grad=True)
+    y, ty = ours.apply(x * 1.0, 3.0), theirs.apply(tx * 1.0, 3.0)
+    assert y.grad_fn.name() == ty.grad_fn.name() == "ScaledExpBackward"
+    (y * y).sum().backward()
+    (ty * ty).sum().backward()
+    close(x.grad, tx.grad)
+
+
+def test_equinox_model_with_tensor_parameters():
+    """A torch-style training step on an Equinox model whose parameters are
+    tensors (called through functx.lift), against jax.grad."""
+    eqx = pytest.importorskip("equinox")
+    model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    is_tensor = lambda v: isinstance(v, Tensor)  # noqa: E731
+    tparams = jax.tree_util.tree_map(lambda a: Tensor(a, requires_grad=True), params)
+    x = jnp.asarray(X)
+    tmodel = eqx.combine(tparams, static, is_leaf=is_tensor)
+    out = fx.lift(lambda m, v: jax.vmap(m)(v))(tmodel, x)  # tensors found in the model's leaves
+    (out ** 2).sum().backward()
+    want = jax.grad(lambda p: (jax.vmap(eqx.combine(p, static))(x) ** 2).sum())(params)
+    got = jax.tree_util.tree_map(lambda t: t.grad.array, tparams, is_leaf=is_tensor)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        close(a, b)
+    assert out.shape == (4, 2) and out.grad_fn is not None
+
+
 def test_backward_inputs_and_grad_modes():
     ours, theirs = both()
     ours_loss(*ours).backward(inputs=[ours[1]])

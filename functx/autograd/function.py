@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from ..core import Tracer, Zero, aval_of, bind, interpreter_stack
+from ..core import ImperativeValue, Tracer, Zero, aval_of, bind, interpreter_stack
 from ..errors import FunctxRuntimeError, FunctxTypeError, FunctxValueError
 from ..interpreters.batching import BatchTracer
 from ..interpreters.reverse import _Tape
@@ -664,6 +664,12 @@ class Function(_SingleLevelFunction):
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        if any(isinstance(a, ImperativeValue) for a in (*args, *kwargs.values())):
+            # autograd tensors (NOTE [imperative mode]): one recorded
+            # operation, differentiated through this Function's own rules
+            from .imperative import apply as record
+
+            return record(cls.apply, args, kwargs, functx_fn=True)
         _check_style(cls, len(args) + len(kwargs))
         args, required = _bind_arguments(cls, args, kwargs)
         tracers = [a for a in args if isinstance(a, Tracer)]

@@ -448,10 +448,12 @@ def tensor(data, requires_grad=False, dtype=None):
 # Recording
 
 
-def apply(fn, args, kwargs):
+def apply(fn, args, kwargs, functx_fn=False):
     """`fn(*args, **kwargs)` where tensors may be among the arguments (at any
     depth of a pytree, `fn` included): the result with tensors for arrays,
-    recorded when it needs a graph (NOTE [imperative mode])."""
+    recorded when it needs a graph (NOTE [imperative mode]). `fn` is a JAX
+    function (run through lifting), or with `functx_fn` a functx one, such
+    as an `autograd.Function`'s apply (called as it is)."""
     leaves, treedef = tree_util.tree_flatten((fn, args, kwargs))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
     for leaf in leaves:
@@ -470,7 +472,7 @@ def apply(fn, args, kwargs):
         for i, v in zip(positions, vals):
             new[i] = v
         f, a, k = tree_util.tree_unflatten(treedef, new)
-        return call_lifted(f, a, k)
+        return f(*a, **k) if functx_fn else call_lifted(f, a, k)
 
     diff = [k for k, t in enumerate(tensors) if t.requires_grad]
     if not diff or not is_grad_enabled():
@@ -486,7 +488,11 @@ def apply(fn, args, kwargs):
     edges = [None] * len(tensors)
     for j, k in enumerate(diff):
         edges[k] = j
-    name = f"{_camel(getattr(fn, '__name__', 'Function'))}Backward0"
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, type):  # an autograd.Function's apply: named as torch does
+        name = f"{owner.__name__}Backward"
+    else:
+        name = f"{_camel(getattr(fn, '__name__', 'Function'))}Backward0"
     node = Node(name, pullback, [tensors[k] for k in diff], edges, [], run_diff)
     return _wrap_outputs(out, node)
 
