@@ -106,12 +106,20 @@ for _name in _METHODS:
 _prop_callers = {}
 
 
-def _property(name):
-    def getter_fn(x):
-        return getattr(x, name)
+def _property_caller(name):
+    """A stable (cacheable) function reading jax.Array property `name`."""
+    fn = _prop_callers.get(name)
+    if fn is None:
+        def fn(x):
+            return getattr(x, name)
 
-    getter_fn.__name__ = name
-    _prop_callers[name] = getter_fn
+        fn.__name__ = name
+        _prop_callers[name] = fn
+    return fn
+
+
+def _property(name):
+    getter_fn = _property_caller(name)
 
     def getter(self):
         return call_lifted(getter_fn, (self,), {})

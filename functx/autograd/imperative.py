@@ -34,6 +34,7 @@ import numpy as np
 from jax import tree_util
 
 from .. import core as _core
+from .._array_api import _method_caller, _property_caller
 from ..errors import FunctxRuntimeError, FunctxTypeError
 from ..core import ImperativeValue
 from ..lifting import call_lifted
@@ -372,31 +373,6 @@ class Tensor(ImperativeValue):
         elif self._requires_grad:
             extra = ", requires_grad=True"
         return f"tensor({body}, dtype={self._value.dtype}{extra})"
-
-
-_method_callers, _property_callers = {}, {}
-
-
-def _method_caller(name):
-    fn = _method_callers.get(name)
-    if fn is None:
-        def fn(x, *args, **kwargs):
-            return getattr(x, name)(*args, **kwargs)
-
-        fn.__name__ = name
-        _method_callers[name] = fn
-    return fn
-
-
-def _property_caller(name):
-    fn = _property_callers.get(name)
-    if fn is None:
-        def fn(x):
-            return getattr(x, name)
-
-        fn.__name__ = name
-        _property_callers[name] = fn
-    return fn
 
 
 def _getitem(x, index):
