@@ -506,6 +506,22 @@ def _register_with_jax():
 
     jcore.Primitive.bind = bind
 
+    # jax.numpy functions that check their arguments before binding anything
+    # (argmax, where, ...) ask `_arraylike` of each.
+    try:
+        from jax._src.numpy import util as jnp_util
+
+        arraylike = jnp_util._arraylike
+
+        def _arraylike(x):
+            if isinstance(x, (Tracer, ImperativeValue)):
+                raise jax_misuse_error(x)
+            return arraylike(x)
+
+        jnp_util._arraylike = _arraylike
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
+        pass
+
     for cls in (Tracer, ImperativeValue):
         jcore.pytype_aval_mappings[cls] = _refuse
     try:

@@ -239,6 +239,12 @@ def test_jax_function_on_functx_value():
         fx.vmap(lambda x: jax.nn.relu(x))(XS)
     with raises(TypeError, "functx.numpy", "functx.lift"):
         fx.grad(lambda x: float(np.sum(np.asarray(x))))(X)
+    # jax.numpy functions that check their arguments before binding
+    with raises(TypeError, "JAX", "functx.numpy", "functx.lift") as e:
+        fx.grad(lambda x: jnp.argmax(x) * x.sum())(X)
+    assert isinstance(e.value, fx.JaxOnFunctxValueError)
+    with raises(TypeError, "functx.numpy", "functx.lift"):
+        fx.vmap(lambda x: jnp.where(x > 0, x, 0.0))(XS)
     assert issubclass(fx.JaxOnFunctxValueError, fx.FunctxTypeError)
 
 
