@@ -253,6 +253,46 @@ def test_backward_inputs_and_grad_modes():
         assert (ours[0] * 2).requires_grad
 
 
+def test_sgd_steps_update_leaves_in_place_like_torch():
+    def train(lib, make, relu, no_grad):
+        x, w, b = make(X, False), make(W, True), make(B, True)
+        for _ in range(3):
+            loss = (relu(x @ w + b) ** 2).mean()
+            loss.backward()
+            with no_grad():
+                w -= 0.1 * w.grad
+                b.sub_(b.grad, alpha=0.1)
+            w.grad.zero_()
+            b.grad = None
+        return w, b, loss
+
+    ours = train(fnp, lambda v, r: Tensor(jnp.asarray(v), requires_grad=r), fx.nn.relu,
+                 fx.no_grad)
+    theirs = train(torch, lambda v, r: torch.tensor(v, requires_grad=r), torch.relu,
+                   torch.no_grad)
+    for a, b in zip(ours, theirs):
+        close(a, b)
+    assert ours[0].is_leaf and ours[0].requires_grad and ours[0].grad_fn is None
+    np.testing.assert_array_equal(ours[0].grad.numpy(), 0.0)
+
+
+def test_in_place_misuse():
+    w = Tensor(jnp.asarray(W), requires_grad=True)
+    with pytest.raises(fx.FunctxRuntimeError, match="leaf tensor that requires grad.*no_grad"):
+        w += 1.0
+    c = Tensor(jnp.asarray(X))
+    y = (c @ w).sum()
+    with fx.no_grad():
+        w += 1.0  # after it was used: its gradient would be stale
+    with pytest.raises(fx.FunctxRuntimeError, match="modified by an in-place operation"):
+        y.backward()
+    h = c @ w
+    with pytest.raises(fx.FunctxRuntimeError, match="not recorded"):
+        h *= 2.0
+    with pytest.raises(fx.FunctxRuntimeError, match="shape"), fx.no_grad():
+        c.copy_(jnp.ones((2, 4, 3)))
+
+
 def test_tensor_behaves_like_an_array():
     t = tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
     assert t.shape == (2, 2) and t.ndim == 2 and t.dtype == jnp.float64

@@ -96,6 +96,7 @@ class Node:
         self._out_avals = []  # per output leaf: its shape and dtype (None: not an array)
         self._out_tree = None
         self._recompute = recompute  # (function of input arrays, for create_graph)
+        self._versions = [t._version for t in inputs]  # checked before backward
         self._pre_hooks = _Hooks()
         self._hooks = _Hooks()
         self.metadata = {}
@@ -216,6 +217,7 @@ class Tensor(ImperativeValue):
         self._hooks = _Hooks()
         self._retains_grad = False
         self._accumulator = None
+        self._version = 0  # bumped by in-place operations
 
     @classmethod
     def _result(cls, value, grad_fn=None, output_nr=0):
@@ -290,6 +292,69 @@ class Tensor(ImperativeValue):
     def detach(self):
         """The same array as a new leaf tensor that does not require grad."""
         return Tensor._result(self._value)
+
+    # -- in-place updates (torch-style optimizer steps) --------------------
+
+    def _inplace(self, name, fn, *operands):
+        others = [o for o in operands if isinstance(o, Tensor)]
+        if is_grad_enabled() and (self.requires_grad or any(o.requires_grad for o in others)):
+            if self.is_leaf and self.requires_grad:
+                raise FunctxRuntimeError(
+                    f"Tensor.{name}: a leaf tensor that requires grad is being used in an "
+                    "in-place operation. Update parameters inside `with functx.no_grad():`, "
+                    "as in torch."
+                )
+            raise FunctxRuntimeError(
+                f"Tensor.{name}: in-place operations are not recorded for backward. Use "
+                "the out-of-place form (t = t + x), or run the update under "
+                "functx.no_grad()."
+            )
+        value = fn(self._value, *[o._value if isinstance(o, Tensor) else o for o in operands])
+        value = jnp.asarray(value)
+        if value.shape != self._value.shape:
+            raise FunctxRuntimeError(
+                f"Tensor.{name}: the result has shape {value.shape}, but an in-place "
+                f"operation keeps the tensor's shape {self._value.shape}."
+            )
+        self._value = value.astype(self._value.dtype)
+        self._version += 1
+        return self
+
+    def __iadd__(self, other):
+        return self._inplace("__iadd__", jnp.add, other)
+
+    def __isub__(self, other):
+        return self._inplace("__isub__", jnp.subtract, other)
+
+    def __imul__(self, other):
+        return self._inplace("__imul__", jnp.multiply, other)
+
+    def __itruediv__(self, other):
+        return self._inplace("__itruediv__", jnp.true_divide, other)
+
+    def add_(self, other, *, alpha=1):
+        return self._inplace("add_", lambda a, b: a + alpha * b, other)
+
+    def sub_(self, other, *, alpha=1):
+        return self._inplace("sub_", lambda a, b: a - alpha * b, other)
+
+    def mul_(self, other):
+        return self._inplace("mul_", jnp.multiply, other)
+
+    def div_(self, other):
+        return self._inplace("div_", jnp.true_divide, other)
+
+    def zero_(self):
+        return self._inplace("zero_", jnp.zeros_like)
+
+    def fill_(self, value):
+        return self._inplace("fill_", lambda a, v: jnp.full_like(a, v), value)
+
+    def copy_(self, src):
+        def copy(a, b):  # broadcast as torch does; a larger source fails the shape check
+            return jnp.broadcast_to(b, a.shape) if np.ndim(b) <= a.ndim else b
+
+        return self._inplace("copy_", copy, src)
 
     def detach_(self):
         self.grad_fn = None
@@ -528,6 +593,14 @@ def _run_hooks(hooks, grad):
 
 
 def _check_freed(node):
+    for t, version in zip(node._inputs, node._versions):
+        if t._version != version:
+            raise FunctxRuntimeError(
+                f"backward: a tensor of shape {t.shape} that {node.name()} used was "
+                "modified by an in-place operation after it was used, so its gradient "
+                "would be wrong. Update it after backward(), or use the out-of-place "
+                "form (t = t + x)."
+            )
     if node._pullback is None:
         raise FunctxRuntimeError(
             f"backward: trying to backward through {node.name()} a second time, but "
