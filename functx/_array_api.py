@@ -53,11 +53,12 @@ def _pow(self, other):
 Tracer.__pow__ = _pow
 Tracer.__rpow__ = lambda self, other: fnp.power(other, self)
 
-for _name, _fn in {
+_COMPARISONS = {
     "eq": fnp.equal, "ne": fnp.not_equal, "lt": fnp.less, "le": fnp.less_equal,
     "gt": fnp.greater, "ge": fnp.greater_equal,
-}.items():
-    setattr(Tracer, f"__{_name}__", (lambda f: lambda self, other: f(self, other))(_fn))
+}
+for _name, _fn in _COMPARISONS.items():
+    setattr(Tracer, f"__{_name}__", _binop(_fn, _name)[0])
 
 Tracer.__neg__ = lambda self: fnp.negative(self)
 Tracer.__pos__ = lambda self: self

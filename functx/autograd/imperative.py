@@ -34,7 +34,8 @@ import numpy as np
 from jax import tree_util
 
 from .. import core as _core
-from .._array_api import _method_caller, _property_caller
+from .. import numpy as fnp
+from .._array_api import _BINOPS, _COMPARISONS, _binop, _method_caller, _property_caller
 from ..errors import FunctxRuntimeError, FunctxTypeError
 from ..core import ImperativeValue
 from ..lifting import call_lifted
@@ -447,33 +448,18 @@ def _getitem(x, index):
 _getitem.__name__ = "index"
 
 
-def _binop(name, fn):
-    def forward(self, other):
-        return apply(fn, (self, other), {})
-
-    def reflected(self, other):
-        return apply(fn, (other, self), {})
-
-    return forward, reflected
-
-
-for _name, _fn in {
-    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "truediv": jnp.true_divide,
-    "floordiv": jnp.floor_divide, "mod": jnp.remainder, "matmul": jnp.matmul,
-    "pow": jnp.power, "and": jnp.bitwise_and, "or": jnp.bitwise_or, "xor": jnp.bitwise_xor,
-}.items():
-    _f, _r = _binop(_name, _fn)
+# Operators: functx.numpy's, as for transform values (functx/_array_api.py);
+# they reach `apply` through lifting.
+for _name, _fn in {**_BINOPS, "pow": fnp.power}.items():
+    _f, _r = _binop(_fn, _name)
     setattr(Tensor, f"__{_name}__", _f)
     setattr(Tensor, f"__r{_name}__", _r)
-for _name, _fn in {
-    "eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
-    "gt": jnp.greater, "ge": jnp.greater_equal,
-}.items():
-    setattr(Tensor, f"__{_name}__", _binop(_name, _fn)[0])
-Tensor.__neg__ = lambda self: apply(jnp.negative, (self,), {})
+for _name, _fn in _COMPARISONS.items():
+    setattr(Tensor, f"__{_name}__", _binop(_fn, _name)[0])
+Tensor.__neg__ = lambda self: fnp.negative(self)
 Tensor.__pos__ = lambda self: self
-Tensor.__abs__ = lambda self: apply(jnp.abs, (self,), {})
-Tensor.__invert__ = lambda self: apply(jnp.invert, (self,), {})
+Tensor.__abs__ = lambda self: fnp.abs(self)
+Tensor.__invert__ = lambda self: fnp.invert(self)
 del _name, _fn, _f, _r
 
 
