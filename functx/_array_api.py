@@ -35,11 +35,28 @@ _BINOPS = {
     "floordiv": fnp.floor_divide, "mod": fnp.remainder, "matmul": fnp.matmul,
     "and": fnp.bitwise_and, "or": fnp.bitwise_or, "xor": fnp.bitwise_xor,
     "lshift": fnp.left_shift, "rshift": fnp.right_shift, "divmod": fnp.divmod,
+    "pow": fnp.power,
 }
-for _name, _fn in _BINOPS.items():
-    _f, _r = _binop(_fn, _name)
-    setattr(Tracer, f"__{_name}__", _f)
-    setattr(Tracer, f"__r{_name}__", _r)
+_COMPARISONS = {
+    "eq": fnp.equal, "ne": fnp.not_equal, "lt": fnp.less, "le": fnp.less_equal,
+    "gt": fnp.greater, "ge": fnp.greater_equal,
+}
+
+
+def attach_operators(cls):
+    """Give `cls` (functx values, autograd tensors) jax.Array's operators,
+    each the functx.numpy function."""
+    for name, fn in _BINOPS.items():
+        forward, reflected = _binop(fn, name)
+        setattr(cls, f"__{name}__", forward)
+        setattr(cls, f"__r{name}__", reflected)
+    for name, fn in _COMPARISONS.items():
+        setattr(cls, f"__{name}__", _binop(fn, name)[0])
+    cls.__neg__ = lambda self: fnp.negative(self)
+    cls.__pos__ = lambda self: self
+    cls.__abs__ = lambda self: fnp.abs(self)
+    cls.__invert__ = lambda self: fnp.invert(self)
+    cls.__round__ = lambda self, ndigits=None: fnp.round(self, ndigits or 0)
 
 
 def _pow(self, other):
@@ -50,21 +67,8 @@ def _pow(self, other):
     return fnp.power(self, other)
 
 
-Tracer.__pow__ = _pow
-Tracer.__rpow__ = lambda self, other: fnp.power(other, self)
-
-_COMPARISONS = {
-    "eq": fnp.equal, "ne": fnp.not_equal, "lt": fnp.less, "le": fnp.less_equal,
-    "gt": fnp.greater, "ge": fnp.greater_equal,
-}
-for _name, _fn in _COMPARISONS.items():
-    setattr(Tracer, f"__{_name}__", _binop(_fn, _name)[0])
-
-Tracer.__neg__ = lambda self: fnp.negative(self)
-Tracer.__pos__ = lambda self: self
-Tracer.__abs__ = lambda self: fnp.abs(self)
-Tracer.__invert__ = lambda self: fnp.invert(self)
-Tracer.__round__ = lambda self, ndigits=None: fnp.round(self, ndigits or 0)
+attach_operators(Tracer)
+Tracer.__pow__ = _pow  # x ** 3 as lax.integer_pow, as JAX does
 
 # --------------------------------------------------------------------------
 # Methods and properties: jax.Array's own, lifted

@@ -34,8 +34,7 @@ import numpy as np
 from jax import tree_util
 
 from .. import core as _core
-from .. import numpy as fnp
-from .._array_api import _BINOPS, _COMPARISONS, _binop, _method_caller, _property_caller
+from .._array_api import _method_caller, _property_caller, attach_operators
 from ..errors import FunctxRuntimeError, FunctxTypeError
 from ..core import ImperativeValue
 from ..lifting import call_lifted
@@ -448,19 +447,9 @@ def _getitem(x, index):
 _getitem.__name__ = "index"
 
 
-# Operators: functx.numpy's, as for transform values (functx/_array_api.py);
-# they reach `apply` through lifting.
-for _name, _fn in {**_BINOPS, "pow": fnp.power}.items():
-    _f, _r = _binop(_fn, _name)
-    setattr(Tensor, f"__{_name}__", _f)
-    setattr(Tensor, f"__r{_name}__", _r)
-for _name, _fn in _COMPARISONS.items():
-    setattr(Tensor, f"__{_name}__", _binop(_fn, _name)[0])
-Tensor.__neg__ = lambda self: fnp.negative(self)
-Tensor.__pos__ = lambda self: self
-Tensor.__abs__ = lambda self: fnp.abs(self)
-Tensor.__invert__ = lambda self: fnp.invert(self)
-del _name, _fn, _f, _r
+# Operators: functx.numpy's, as for transform values; they reach `apply`
+# through lifting.
+attach_operators(Tensor)
 
 
 def tensor(data, requires_grad=False, dtype=None):
