@@ -116,6 +116,37 @@ def test_create_graph_gives_second_derivatives():
     close(hh, thh)
 
 
+def test_shared_subgraphs_several_outputs_and_third_order():
+    v0 = rng.standard_normal((1, 4))
+
+    def prog(np_, split, x, v):
+        a, b, _ = split(x)
+        s = np_.sin(a) * b  # x reaches s along two paths
+        return (s * s).sum() + (a * v).sum(), np_.exp(s).sum()
+
+    x, v = Tensor(jnp.asarray(X.T), requires_grad=True), Tensor(jnp.asarray(v0), requires_grad=True)
+    tx, tv = torch.tensor(X.T, requires_grad=True), torch.tensor(v0, requires_grad=True)
+    outs = prog(fnp, lambda t: fnp.split(t, 3, axis=0), x, v)
+    touts = prog(torch, lambda t: torch.split(t, 1, dim=0), tx, tv)
+    g = fx.autograd.grad(outs, (x, v), grad_outputs=(jnp.asarray(2.0), jnp.asarray(-1.0)),
+                         create_graph=True)
+    tg = torch.autograd.grad(touts, (tx, tv), grad_outputs=(torch.tensor(2.0, dtype=torch.float64),
+                             torch.tensor(-1.0, dtype=torch.float64)), create_graph=True)
+    for a, b in zip(g, tg):
+        close(a, b)
+    h = fx.autograd.grad((g[0] ** 2).sum() + g[1].sum(), (x, v))
+    th = torch.autograd.grad((tg[0] ** 2).sum() + tg[1].sum(), (tx, tv))
+    for a, b in zip(h, th):
+        close(a, b)
+    # third order, each gradient differentiated again
+    y, ty = (fnp.sin(x) ** 3).sum(), (torch.sin(tx) ** 3).sum()
+    for _ in range(3):
+        (y,) = fx.autograd.grad(y, x, create_graph=True)
+        (ty,) = torch.autograd.grad(ty, tx, create_graph=True)
+        close(y, ty)
+        y, ty = y.sum(), ty.sum()
+
+
 def test_unused_inputs():
     x = Tensor(jnp.asarray(X), requires_grad=True)
     u = Tensor(jnp.asarray(W), requires_grad=True)
