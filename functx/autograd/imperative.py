@@ -54,11 +54,11 @@ class RemovableHandle:
     _ids = itertools.count()
 
     def __init__(self, hooks):
-        self._hooks = weakref.ref(hooks) if hooks is not None else None
+        self._hooks = weakref.ref(hooks)
         self.id = next(self._ids)
 
     def remove(self):
-        hooks = self._hooks() if self._hooks is not None else None
+        hooks = self._hooks()
         if hooks is not None:
             hooks.pop(self.id, None)
 
@@ -83,23 +83,41 @@ def _camel(name):
     return "".join(part[:1].upper() + part[1:] for part in name.replace(".", "_").split("_"))
 
 
-class Node:
-    """The `grad_fn` of tensors computed from tensors that require grad: one
-    recorded operation (torch's autograd Node)."""
+class _GraphNode:
+    """What the nodes of the backward graph share: hooks and metadata."""
 
-    def __init__(self, name, pullback, inputs, edges, outputs, recompute):
+    def __init__(self):
+        self._pre_hooks = _Hooks()
+        self._hooks = _Hooks()
+        self.metadata = {}
+
+    def register_hook(self, hook):
+        """`hook(grad_inputs, grad_outputs)` runs after this node computed the
+        gradients of its inputs; it may return replacements (a tuple)."""
+        return self._hooks.add(hook)
+
+    def register_prehook(self, hook):
+        """`hook(grad_outputs)` runs before this node; it may return
+        replacement output gradients (a tuple)."""
+        return self._pre_hooks.add(hook)
+
+
+class Node(_GraphNode):
+    """The `grad_fn` of tensors computed from tensors that require grad: one
+    recorded operation (torch's autograd Node). `_wrap_outputs` fills in
+    its outputs."""
+
+    def __init__(self, name, pullback, inputs, edges, recompute):
+        super().__init__()
         self._name = name
         self._pullback = pullback
         self._inputs = inputs  # the tensor arguments that require grad, in order
         self._edges = edges  # per tensor argument: its index in _inputs, or None
-        self._outputs = outputs  # weak references to the output tensors (None: no graph)
+        self._outputs = []  # per output leaf: a weak reference to its tensor (None: no graph)
         self._out_avals = []  # per output leaf: its shape and dtype (None: not an array)
         self._out_tree = None
         self._recompute = recompute  # (function of input arrays, for create_graph)
         self._versions = [t._version for t in inputs]  # checked before backward
-        self._pre_hooks = _Hooks()
-        self._hooks = _Hooks()
-        self.metadata = {}
 
     def name(self):
         """The operation's name, e.g. "SinBackward0" (after the function)."""
@@ -122,26 +140,14 @@ class Node:
                 out.append((_node_of(t), t._output_nr))
         return tuple(out)
 
-    def register_hook(self, hook):
-        """`hook(grad_inputs, grad_outputs)` runs after this node computed the
-        gradients of its inputs; it may return replacements (a tuple)."""
-        return self._hooks.add(hook)
 
-    def register_prehook(self, hook):
-        """`hook(grad_outputs)` runs before this node; it may return
-        replacement output gradients (a tuple)."""
-        return self._pre_hooks.add(hook)
-
-
-class AccumulateGrad:
+class AccumulateGrad(_GraphNode):
     """The grad_fn-like node of a leaf tensor that requires grad: the end of
     the backward pass, where the gradient is added to `.grad`."""
 
     def __init__(self, variable):
+        super().__init__()
         self.variable = variable
-        self._pre_hooks = _Hooks()
-        self._hooks = _Hooks()
-        self.metadata = {}
 
     def name(self):
         return "torch::autograd::AccumulateGrad"
@@ -150,12 +156,6 @@ class AccumulateGrad:
         return "<AccumulateGrad>"
 
     next_functions = ()
-
-    def register_hook(self, hook):
-        return self._hooks.add(hook)
-
-    def register_prehook(self, hook):
-        return self._pre_hooks.add(hook)
 
 
 def _node_of(t):
@@ -509,7 +509,7 @@ def apply(fn, args, kwargs, functx_fn=False):
         name = f"{owner.__name__}Backward"
     else:
         name = f"{_camel(getattr(fn, '__name__', 'Function'))}Backward0"
-    node = Node(name, pullback, [tensors[k] for k in diff], edges, [], run_diff)
+    node = Node(name, pullback, [tensors[k] for k in diff], edges, run_diff)
     return _wrap_outputs(out, node)
 
 
@@ -563,11 +563,11 @@ def _run_hooks(hooks, grad):
     for hook in list(hooks.values()):
         new = hook(grad)
         if new is not None:
-            grad = new if isinstance(new, Tensor) else Tensor._result(jnp.asarray(new))
+            grad = _tensors([new])[0]
     return grad
 
 
-def _check_freed(node):
+def _check_usable(node):
     for t, version in zip(node._inputs, node._versions):
         if t._version != version:
             raise FunctxRuntimeError(
@@ -681,7 +681,7 @@ def _engine(roots, root_grads, retain_graph, create_graph, targets=None, capture
                 for hook in list(node._hooks.values()):
                     hook((node.variable.grad,), (g,))
                 continue
-            _check_freed(node)
+            _check_usable(node)
             cts = []
             for nr, ref in enumerate(node._outputs):
                 g = slots.get(nr)
