@@ -123,6 +123,50 @@ def is_key_dtype(dtype):
     return not isinstance(dtype, np.dtype) and _jax_dtypes.issubdtype(dtype, _jax_dtypes.prng_key)
 
 
+# NOTE [differentiable dtypes]
+# Every inexact dtype JAX differentiates is differentiable in functx:
+# float64/32/16, bfloat16 and the float8 types (ml_dtypes' types, whose NumPy
+# kind is 'V', so `np.issubdtype(d, np.inexact)` is False for them) and the
+# complex types. These helpers are the only place that question is answered;
+# every rule, transform and check asks them.
+
+
+_DTYPE_CLASS = {}  # dtype -> (inexact, real floating, complex)
+
+
+def _dtype_class(dtype):
+    try:
+        return _DTYPE_CLASS[dtype]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable stand-in for a dtype
+        dtype = np.dtype(dtype)
+    if is_key_dtype(dtype):
+        c = (False, False, False)
+    else:
+        c = tuple(bool(_jax_dtypes.issubdtype(dtype, k))
+                  for k in (np.inexact, np.floating, np.complexfloating))
+    if len(_DTYPE_CLASS) < 256:  # dtypes are few; the bound is for safety
+        _DTYPE_CLASS[dtype] = c
+    return c
+
+
+def is_inexact_dtype(dtype):
+    """Is `dtype` differentiable: a real or complex floating dtype, bfloat16
+    and float8 included (NOTE [differentiable dtypes])?"""
+    return _dtype_class(dtype)[0]
+
+
+def is_real_float_dtype(dtype):
+    """Is `dtype` a real floating dtype, bfloat16 and float8 included?"""
+    return _dtype_class(dtype)[1]
+
+
+def is_complex_dtype(dtype):
+    """Is `dtype` a complex floating dtype?"""
+    return _dtype_class(dtype)[2]
+
+
 def canonical_dtype(dtype):
     return _jax_dtypes.canonicalize_dtype(dtype)
 

@@ -205,7 +205,7 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
             ".all() / .any()), or use functx.numpy.where for elementwise choices."
         )
     if aval.dtype != _np.dtype(bool):
-        if not _np.issubdtype(aval.dtype, _np.number):
+        if not _jax.dtypes.issubdtype(aval.dtype, _np.number):
             raise _TypeError(f"cond: pred must be a boolean or a number, got {aval.str_short()}.")
         pred = _bind(_ew.ne_p, pred, _scalar_like(pred, 0))
     index = _ew.convert_element_type(pred, _np.int32)

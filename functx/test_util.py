@@ -16,7 +16,7 @@ tolerances.
 import numpy as np
 from jax import tree_util
 
-from .core import aval_of
+from .core import aval_of, is_inexact_dtype
 from .transforms.grad import vjp
 from .transforms.jvp import jvp
 
@@ -33,7 +33,7 @@ def _leaves(x):
 def _random_like(rng, tree):
     def draw(x):
         a = aval_of(x)
-        if not np.issubdtype(a.dtype, np.inexact):
+        if not is_inexact_dtype(a.dtype):
             raise TypeError(f"check_grads: inputs must be floating point, got {a.dtype}")
         return np.asarray(rng.standard_normal(a.shape), a.dtype)
 

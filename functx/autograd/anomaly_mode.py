@@ -34,7 +34,7 @@ import functools
 import jax
 import numpy as np
 
-from ..core import Tracer, Zero, interpreter_stack
+from ..core import Tracer, Zero, interpreter_stack, is_inexact_dtype
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import FunctxRuntimeError, describe_user_line
 from ..interpreters import reverse
@@ -115,7 +115,7 @@ def _describe(eqn, k, ct, c, batch_indices=None):
 
 def _is_float(x):
     try:
-        return jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+        return is_inexact_dtype(x.dtype)
     except Exception:
         return False
 

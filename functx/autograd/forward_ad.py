@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import Tracer, _escaped, aval_of, interpreter_stack, new_interpreter
+from ..core import Tracer, _escaped, aval_of, interpreter_stack, is_inexact_dtype, new_interpreter
 from ..errors import FunctxRuntimeError, FunctxTypeError, FunctxValueError
 from ..interpreters.jvp import JVPInterpreter, JVPTracer
 from ._util import AutogradValueError
@@ -237,7 +237,7 @@ def make_dual(tensor, tangent, *, level=None):
     tangent = _as_value(_strip_dead(tangent), "tangent")
     p, t = aval_of(tensor), aval_of(tangent)
     for what, a in (("primal", p), ("tangent", t)):
-        if not (isinstance(a.dtype, np.dtype) and np.issubdtype(a.dtype, np.inexact)):
+        if not is_inexact_dtype(a.dtype):
             raise FunctxValueError(
                 f"forward_ad.make_dual: expected the {what} to be floating point or "
                 f"complex, but got {a.str_short()}. Convert it with .astype(float)."

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import Tracer, Zero, aval_of
+from ..core import Tracer, Zero, aval_of, is_complex_dtype, is_real_float_dtype
 from ..errors import (
     ConcretizationError,
     FunctxError,
@@ -79,11 +79,11 @@ def _as_tuple(x):
 
 
 def _is_float_array(x):
-    return isinstance(x, (jax.Array, np.ndarray)) and np.issubdtype(x.dtype, np.floating)
+    return isinstance(x, (jax.Array, np.ndarray)) and is_real_float_dtype(x.dtype)
 
 
 def _is_complex_array(x):
-    return isinstance(x, (jax.Array, np.ndarray)) and np.issubdtype(x.dtype, np.complexfloating)
+    return isinstance(x, (jax.Array, np.ndarray)) and is_complex_dtype(x.dtype)
 
 
 class _Problem:

@@ -36,7 +36,7 @@ from jax import tree_util
 from .. import core as _core
 from .._array_api import _method_caller, _property_caller, attach_operators
 from ..errors import FunctxRuntimeError, FunctxTypeError
-from ..core import ImperativeValue
+from ..core import ImperativeValue, is_inexact_dtype
 from ..lifting import call_lifted
 from ..transforms.grad import vjp as _vjp
 from .grad_mode import is_grad_enabled, set_grad_enabled
@@ -45,7 +45,7 @@ _float0 = jax.dtypes.float0
 
 
 def _is_float(dtype):
-    return jnp.issubdtype(dtype, jnp.inexact)
+    return is_inexact_dtype(dtype)
 
 
 class RemovableHandle:

@@ -20,6 +20,7 @@ from ..core import (
     Tracer,
     aval_of,
     bind,
+    is_inexact_dtype,
     missing_rule,
 )
 from ..errors import ConcretizationError, describe_user_line
@@ -330,12 +331,11 @@ class StagingInterpreter(Interpreter):
         while this staging was active (user code under functx.jit) must stay
         non-differentiable when the graph is differentiated later: its
         floating outputs go through stop_gradient in the graph."""
-        import numpy as np
 
         from ..primitives.elementwise import stop_gradient_p
 
         aval = out.var.aval
-        if not isinstance(aval.dtype, np.dtype) or not np.issubdtype(aval.dtype, np.inexact):
+        if not is_inexact_dtype(aval.dtype):
             return out
         res = StagingTracer(self, Var(aval))
         self.eqns.append(Eqn(stop_gradient_p, [out.var], [res.var], {}))

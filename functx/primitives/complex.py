@@ -22,7 +22,7 @@ functx's jvp and vjp of a complex function equal JAX's jax.jvp / jax.vjp.
 import numpy as np
 from jax import lax
 
-from ..core import Aval, Zero, aval_of
+from ..core import Aval, Zero, aval_of, is_complex_dtype
 from .common import (
     bind,
     broadcast_shapes,
@@ -51,7 +51,7 @@ def complex_dtype(dtype):
 
 
 def is_complex(x):
-    return np.issubdtype(aval_of(x).dtype, np.complexfloating)
+    return is_complex_dtype(aval_of(x).dtype)
 
 
 # --------------------------------------------------------------------------
@@ -154,7 +154,7 @@ defjvp(conj_p, lambda t, z, *, input_dtype: bind(conj_p, t, input_dtype=input_dt
 
 
 def _conj_transpose(ct, z, *, input_dtype):
-    if np.issubdtype(np.dtype(input_dtype), np.complexfloating):
+    if is_complex_dtype(np.dtype(input_dtype)):
         return [conj(ct)]
     return [real(ct)]
 

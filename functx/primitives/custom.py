@@ -67,7 +67,7 @@ import jax
 import jax.extend.core
 import numpy as np
 
-from ..core import Tracer, Zero, aval_of, bind, new_interpreter
+from ..core import Tracer, Zero, aval_of, bind, is_inexact_dtype, new_interpreter
 from ..errors import FunctxRuntimeError, MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
 from ..interpreters.eval import defimpl
@@ -124,7 +124,7 @@ def perturbed_while(flags, state=perturbed):
 
 
 def is_float(aval):
-    return np.issubdtype(aval.dtype, np.inexact)
+    return is_inexact_dtype(aval.dtype)
 
 
 def float0_zeros(aval):

@@ -13,7 +13,10 @@ import numpy as np
 from jax import lax
 from jax._src.lax.lax import mulhi_p as _jax_mulhi_p  # not exported by jax.lax
 
-from ..core import Aval, FROM_JAX, Primitive, Zero, aval_of, bind
+from ..core import (
+    Aval, FROM_JAX, Primitive, Zero, aval_of, bind, is_complex_dtype, is_inexact_dtype,
+    is_real_float_dtype,
+)
 from ..errors import MissingRuleError
 from ..interpreters.eval import lower_to_jax
 from .common import (
@@ -179,7 +182,7 @@ pow = _plain(pow_p)
 
 
 def _pow_jvp_x(t, x, y):
-    if not np.issubdtype(aval_of(y).dtype, np.inexact):
+    if not is_inexact_dtype(aval_of(y).dtype):
         y = convert_element_type(y, aval_of(x).dtype)
     one = scalar_like(y, 1)
     jac = mul(y, pow(x, sub(y, one)))
@@ -253,7 +256,7 @@ nextafter_p = _binary("nextafter", lax.nextafter_p)
 
 
 def _abs_shape(x):
-    if np.issubdtype(x.dtype, np.complexfloating):
+    if is_complex_dtype(x.dtype):
         return Aval(x.shape, np.finfo(x.dtype).dtype, x.weak_type)
     return x
 
@@ -265,7 +268,7 @@ abs = _plain(abs_p)
 def _abs_jvp(t, out, x):
     """As JAX: the derivative is +1 at x == 0; for complex x, the tangent of
     |x| is Re(t conj(x)) / |x| (0 where x == 0)."""
-    if np.issubdtype(aval_of(x).dtype, np.complexfloating):
+    if is_complex_dtype(aval_of(x).dtype):
         from .complex import conj, real
 
         mag = convert_element_type(out, aval_of(x).dtype)
@@ -598,8 +601,8 @@ unary_batch(convert_element_type_p)
 def _convert_basis(size, vals, dims, bases, *, new_dtype, **params):
     """Zeros and ones stay exact between float dtypes: still the identity's
     rows (NOTE [identity bases])."""
-    if not (np.issubdtype(aval_of(vals[0]).dtype, np.floating)
-            and np.issubdtype(new_dtype, np.floating)):
+    if not (is_real_float_dtype(aval_of(vals[0]).dtype)
+            and is_real_float_dtype(new_dtype)):
         return None
     out = bind(convert_element_type_p, vals[0], new_dtype=new_dtype, **params)
     return out, dims[0], bases[0]
@@ -611,7 +614,7 @@ basis_rules[convert_element_type_p] = _convert_basis
 def _convert_jvp(primals, tangents, *, new_dtype, weak_type, sharding):
     (x,), (t,) = primals, tangents
     out = bind(convert_element_type_p, x, new_dtype=new_dtype, weak_type=weak_type, sharding=sharding)
-    floats = np.issubdtype(aval_of(x).dtype, np.inexact) and np.issubdtype(new_dtype, np.inexact)
+    floats = is_inexact_dtype(aval_of(x).dtype) and is_inexact_dtype(new_dtype)
     if type(t) is Zero or not floats:
         return out, Zero.of(out)
     return out, bind(convert_element_type_p, t, new_dtype=new_dtype, weak_type=weak_type, sharding=sharding)

@@ -62,12 +62,11 @@ implicit-function theorem, never differentiating through the solver:
 import functools
 
 import jax
-import numpy as np
 from jax._src import core as jcore
 from jax._src.lax import linalg as jlinalg
 from jax._src.lax.control_flow import solves as jsolves
 
-from ..core import Aval
+from ..core import Aval, is_inexact_dtype
 from ..errors import MissingRuleError
 from ..lifting import LIFT_RULES, call_lifted
 from .common import (
@@ -91,7 +90,7 @@ from .structural import reshape
 
 
 def _inexact(dtype):
-    return np.issubdtype(dtype, np.inexact)
+    return is_inexact_dtype(dtype)
 
 
 # --------------------------------------------------------------------------

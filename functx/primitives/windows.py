@@ -46,7 +46,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from ..core import Aval, Zero, aval_of
+from ..core import Aval, Zero, aval_of, is_inexact_dtype
 from ..errors import FunctxValueError, MissingRuleError
 from ..lifting import call_lifted
 from .common import (
@@ -226,8 +226,8 @@ _linear_in_first_jvp(select_and_scatter_add_p)
 def _identity_of(select_prim, dtype):
     """A value that never wins the comparison `select_prim` (ge: max, le: min)."""
     dtype = np.dtype(dtype)
-    biggest = np.inf if np.issubdtype(dtype, np.inexact) else np.iinfo(dtype).max
-    smallest = -np.inf if np.issubdtype(dtype, np.inexact) else np.iinfo(dtype).min
+    biggest = np.inf if is_inexact_dtype(dtype) else np.iinfo(dtype).max
+    smallest = -np.inf if is_inexact_dtype(dtype) else np.iinfo(dtype).min
     return np.array(smallest if select_prim is lax.ge_p else biggest, dtype)
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-from ..core import Aval, Tracer, aval_of, is_key_dtype
+from ..core import Aval, Tracer, aval_of, is_inexact_dtype, is_key_dtype
 from ..errors import FunctxTypeError, FunctxValueError
 
 
@@ -89,7 +89,7 @@ def differentiable_leaves(args, call, names):
                 x = as_array(x, call, where)
                 a = aval_of(x)
                 # (a key's extended dtype is no NumPy dtype: NOTE [key dtypes])
-                if not (isinstance(a.dtype, np.dtype) and np.issubdtype(a.dtype, np.inexact)):
+                if not is_inexact_dtype(a.dtype):
                     raise FunctxTypeError(
                         f"{call}: {where} has dtype {a.dtype.name}; only floating-point "
                         "inputs can be differentiated. Convert it with .astype(float), or "

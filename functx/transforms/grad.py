@@ -2,10 +2,9 @@
 
 import functools
 
-import numpy as np
 from jax import tree_util
 
-from ..core import Zero, aval_of, new_interpreter
+from ..core import Zero, aval_of, is_real_float_dtype, new_interpreter
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.reverse import ReverseInterpreter
 from ..primitives.common import scalar_constant
@@ -119,7 +118,7 @@ def _scalar_check(r, call):
             f"{call}: expected the function to return a scalar, got {a.str_short()}. "
             "Sum the output, or use jacrev for non-scalar outputs."
         )
-    if not (isinstance(a.dtype, np.dtype) and np.issubdtype(a.dtype, np.floating)):
+    if not is_real_float_dtype(a.dtype):
         raise FunctxTypeError(
             f"{call}: expected the function to return a real floating-point scalar, "
             f"got {a.str_short()}. Only real-valued float outputs have a gradient; "

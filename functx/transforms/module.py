@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from ..core import Tracer
+from ..core import Tracer, is_inexact_dtype
 from ..errors import FunctxTypeError, FunctxValueError
 from ..lifting import call_lifted
 
@@ -35,7 +35,7 @@ def path_name(path):
 def _is_param(x):
     # (keys have an extended dtype, no NumPy one: NOTE [key dtypes] in core.py)
     return (isinstance(x, _ARRAYS) and isinstance(x.dtype, np.dtype)
-            and np.issubdtype(x.dtype, np.inexact))
+            and is_inexact_dtype(x.dtype))
 
 
 def _named(module, keep):
