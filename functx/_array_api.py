@@ -256,6 +256,11 @@ class _AtRef:
     def max(self, values, **kwargs):
         return self._apply("max", values, **kwargs)
 
+    def apply(self, func, **kwargs):
+        """x.at[idx].apply(func): func applied to the indexed elements
+        (NOTE [scatter with an update computation] in primitives/indexing.py)."""
+        return self._apply("apply", func, **kwargs)
+
 
 class _AtIndexer:
     __slots__ = ("value",)

@@ -87,3 +87,68 @@ def _checks(op, args, tangents, cts, cts2, batched_cts, placements, vmap_inputs)
 
 
 _compare = sweep.compare
+
+
+# --------------------------------------------------------------------------
+# scatter with an update computation (NOTE [scatter with an update
+# computation] in functx/primitives/indexing.py). JAX refuses its derivative,
+# so the oracle is JAX's derivative of the same update written as gather,
+# f and overwrite.
+
+
+def _apply_cases():
+    idx = jnp.array([0, 2])
+    return [
+        (lambda x: x.at[1].apply(jnp.sin), lambda x: x.at[1].set(jnp.sin(x[1]))),
+        (lambda x: x.at[idx].apply(jnp.exp, unique_indices=True),
+         lambda x: x.at[idx].set(jnp.exp(x[idx]))),
+        (lambda x: x.reshape(2, 2).at[:, 1].apply(jnp.tanh, unique_indices=True),
+         lambda x: x.reshape(2, 2).at[:, 1].set(jnp.tanh(x.reshape(2, 2)[:, 1]))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_scatter_apply_derivatives_against_jax(case):
+    import functx as fx
+
+    f, oracle = _apply_cases()[case]
+    x = jnp.array([0.3, 0.7, 1.1, 1.9])
+    t = jnp.array([1.0, 2.0, 3.0, 4.0])
+    lifted = fx.lift(f)
+    out, tan = fx.jvp(lifted, (x,), (t,))
+    want_out, want_tan = jax.jvp(oracle, (x,), (t,))
+    assert jnp.allclose(out, want_out) and jnp.allclose(tan, want_tan)
+    assert jnp.allclose(fx.jacrev(lifted)(x), jax.jacrev(oracle)(x))
+    assert jnp.allclose(fx.jacfwd(lifted)(x), jax.jacfwd(oracle)(x))
+    hess = fx.hessian(lambda x: lifted(x).sum())(x)
+    assert jnp.allclose(hess, jax.hessian(lambda x: oracle(x).sum())(x))
+    xs = jnp.stack([x, x + 1.0])
+    per_example = fx.vmap(fx.grad(lambda x: lifted(x).sum()))(xs)
+    assert jnp.allclose(per_example, jax.vmap(jax.grad(lambda x: oracle(x).sum()))(xs))
+
+
+def test_scatter_apply_on_functx_values():
+    """`.at[i].apply` on a functx value, with a jax.numpy or functx.numpy f."""
+    import functx as fx
+    import functx.numpy as fnp
+
+    x = jnp.array([0.3, 0.7, 1.1])
+    for f in (jnp.sin, fnp.sin):
+        g = fx.grad(lambda x: x.at[1].apply(f).sum())(x)
+        assert jnp.allclose(g, jnp.array([1.0, jnp.cos(0.7), 1.0]))
+
+
+def test_scatter_apply_with_repeated_indices_refuses_its_derivative():
+    """f is applied once per repetition (JAX: exp(exp(x))); functx refuses
+    the derivative instead of returning a wrong one, and evaluation works."""
+    import functx as fx
+
+    idx = jnp.array([1, 1])
+    f = fx.lift(lambda x: x.at[idx].apply(jnp.exp))
+    x = jnp.array([0.3, 0.7, 1.1])
+    assert jnp.allclose(fx.vmap(f)(x[None])[0], jnp.exp(jnp.exp(0.7)) * jnp.array([0, 1, 0])
+                        + x * jnp.array([1, 0, 1]))
+    for transform in (lambda: fx.grad(lambda x: f(x).sum())(x),
+                      lambda: fx.jvp(f, (x,), (x,))):
+        with pytest.raises(fx.errors.MissingRuleError, match="scatter.*unique_indices=True"):
+            transform()

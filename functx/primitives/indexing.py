@@ -283,6 +283,8 @@ def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_nu
     if type(tx) is Zero and type(tu) is Zero:
         out = bind(scatter_p, x, idx, u, **params)
         return out, Zero.of(out)
+    if update_jaxpr is not None:
+        return _scatter_apply_jvp(x, idx, u, tx, tu, params)
     xa, ua = aval_of(x), aval_of(u)
     tx, tu = instantiate(tx), instantiate(tu)
     if unique_indices:
@@ -312,6 +314,84 @@ def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_nu
 
 
 jvp_rules[scatter_p] = _scatter_jvp
+
+
+# NOTE [scatter with an update computation]
+# JAX's `scatter` with a non-None `update_jaxpr` (what `x.at[i].apply(f)` and
+# `lax.scatter_apply` emit) replaces each indexed element e of the operand by
+# f(e, update), f being the scalar program `update_jaxpr`. With unique
+# indices that is gather, f elementwise, overwrite-scatter, and so is its
+# derivative: the tangent scatters f's jvp of the gathered elements over the
+# operand's tangent. With repeated indices f is applied once per repetition,
+# in an order XLA does not promise; functx refuses the derivative then
+# (JAX refuses it always) and names the way out.
+
+_UPDATE_GRAPHS = {}  # (update_jaxpr, consts ids, avals) -> Graph of f elementwise
+_UPDATE_GRAPHS_LIMIT = 64
+
+
+def _elementwise_update_graph(update_jaxpr, update_consts, elems_aval, updates_aval):
+    """A functx Graph applying the scalar program `update_jaxpr` elementwise
+    to arrays of the gathered elements and the updates (equal shapes)."""
+    key = (update_jaxpr, tuple(map(id, update_consts)), elems_aval, updates_aval)
+    graph = _UPDATE_GRAPHS.get(key)
+    if graph is None:
+        import jax
+
+        from ..lifting import graph_of_jaxpr
+
+        def f(e, u):
+            return jax.core.eval_jaxpr(update_jaxpr, list(update_consts), e, u)[0]
+
+        def elementwise(elems, updates):
+            flat = jax.vmap(f)(elems.reshape(-1), updates.reshape(-1))
+            return flat.reshape(elems.shape)
+
+        jaxpr = jax.make_jaxpr(elementwise)(elems_aval.to_jax(), updates_aval.to_jax())
+        graph = graph_of_jaxpr(jaxpr)
+        if len(_UPDATE_GRAPHS) >= _UPDATE_GRAPHS_LIMIT:
+            _UPDATE_GRAPHS.clear()
+        _UPDATE_GRAPHS[key] = graph
+    return graph
+
+
+def _scatter_apply_jvp(x, idx, u, tx, tu, params):
+    """NOTE [scatter with an update computation]."""
+    from ..errors import MissingRuleError
+    from ..interpreters.jvp import graph_jvp_pairs
+
+    if not params["unique_indices"]:
+        raise MissingRuleError(
+            "differentiation (jvp, grad, vjp, jacrev, ...): primitive `scatter` with an update computation (x.at[idx].apply(f), "
+            "lax.scatter_apply) and indices that may repeat has no derivative rule: "
+            "f is applied once per repetition of an index. If the indices are unique, "
+            "say so with x.at[idx].apply(f, unique_indices=True); otherwise compute "
+            "the update with functx.numpy.where or .at[idx].set(f(x[idx]))."
+        )
+    dn, mode = params["dimension_numbers"], params["mode"]
+    ua = aval_of(u)
+    elems = _gather_updates(x, idx, ua.update(dtype=aval_of(x).dtype), dn, mode, True,
+                            params["indices_are_sorted"])
+    ea = aval_of(elems)
+    updates = u
+    if ua.shape != ea.shape:  # a scalar update broadcast by JAX's scatter
+        updates = st.broadcast_in_dim(u, ea.shape, ())
+    graph = _elementwise_update_graph(params["update_jaxpr"], params["update_consts"],
+                                      Aval(ea.shape, ea.dtype), Aval(ea.shape, ua.dtype))
+    t_elems = Zero.of(elems) if type(tx) is Zero else _gather_updates(
+        tx, idx, ua.update(dtype=aval_of(x).dtype), dn, mode, True, params["indices_are_sorted"])
+    if type(tu) is not Zero and ua.shape != ea.shape:
+        tu = st.broadcast_in_dim(tu, ea.shape, ())
+    nonzero = (type(t_elems) is not Zero, type(tu) is not Zero)
+    live = [t for t in (t_elems, tu) if type(t) is not Zero]
+    ((_, t_new),) = graph_jvp_pairs(graph, nonzero, [elems, updates, *live])
+    out = bind(scatter_p, x, idx, u, **params)
+    if type(t_new) is Zero:
+        t_new = _zeros(ea)
+    t_out = scatter(instantiate(tx) if type(tx) is not Zero else _zeros(aval_of(x)), idx,
+                    t_new, dn, mode=mode, unique_indices=True,
+                    indices_are_sorted=params["indices_are_sorted"])
+    return out, t_out
 
 
 def _scatter_transpose(ct, x, idx, u, *, update_jaxpr, update_consts, dimension_numbers,
