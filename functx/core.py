@@ -14,13 +14,21 @@ primitive runs on the JAX values directly (interpreters/eval.py), so values
 at the bottom may be concrete arrays or JAX tracers.
 
 NOTE [escaped tracers]
-When a transform returns, its interpreter is marked dead. Any later `bind`
-that meets one of its tracers raises EscapedTracerError naming the transform,
-instead of silently treating a stale value as a constant.
+An interpreter is usable only on the thread that runs its transform, and
+only until the transform returns: `interp.thread` is that thread's ident
+while it runs and None once it returned. Every place that meets a tracer
+(`bind`, conversion to a Python value, the no-op shortcuts that return an
+operand unchanged, a transform's inputs and outputs) calls `check_usable`,
+so a dead tracer, or one of another thread's transform, raises
+EscapedTracerError naming the transform (and the threads) instead of being
+treated as a constant or passed through. A tracer has no pickled form, and
+copying it (copy / deepcopy) gives the tracer itself: a value traced by a
+transform exists only inside it, and a copy must die with it.
 """
 
 import contextlib
 import threading
+from threading import get_ident as _get_ident
 
 import jax
 import numpy as np
@@ -306,7 +314,17 @@ class Interpreter:
 
     def __init__(self):
         self.level = 0
-        self.alive = True
+        self.thread = _get_ident()  # NOTE [escaped tracers]
+
+    @property
+    def alive(self):
+        """Has the transform not returned yet? (It may still be another
+        thread's: NOTE [escaped tracers].)"""
+        return self.thread is not None
+
+    @alive.setter
+    def alive(self, value):
+        self.thread = _get_ident() if value else None
 
     def process(self, prim, args, params):
         raise NotImplementedError
@@ -335,6 +353,7 @@ def new_interpreter(interp):
     mark it dead afterwards (NOTE [escaped tracers])."""
     stack = _state.stack
     interp.level = len(stack) + 1
+    interp.thread = _get_ident()
     stack.append(interp)
     try:
         yield interp
@@ -347,6 +366,15 @@ def new_interpreter(interp):
 def _escaped(tracer, prim):
     interp = tracer._interp
     what = f"used by `{prim.name}`" if prim is not None else "used"
+    if interp.thread is not None:
+        return EscapedTracerError(
+            f"{interp.transform}: a value traced by {interp.transform} on thread "
+            f"{_thread_name(interp.thread)} was {what} on thread "
+            f"{_thread_name(_get_ident())} (at {describe_user_line()}). A transform "
+            "traces only the thread that calls it: compute with the value inside "
+            "the function running on that thread, or give the other thread "
+            "concrete arrays (the transform's results) and run the transform there."
+        )
     return EscapedTracerError(
         f"{interp.transform}: a value traced by {interp.transform} escaped "
         f"from the transformed function and was {what} after "
@@ -355,6 +383,32 @@ def _escaped(tracer, prim):
         "them from the function (use has_aux=True for extra outputs) instead "
         "of storing them in globals, lists or closures."
     )
+
+
+def _thread_name(ident):
+    for t in threading.enumerate():
+        if t.ident == ident:
+            return f"'{t.name}'"
+    return str(ident)
+
+
+def check_usable(x, prim=None):
+    """Raise EscapedTracerError if `x` is a tracer of a transform that has
+    returned or that runs on another thread (NOTE [escaped tracers]);
+    return `x`."""
+    if isinstance(x, Tracer) and x._interp.thread != _get_ident():
+        raise _escaped(x, prim)
+    return x
+
+
+def check_tree_usable(tree, what=None):
+    """check_usable on every leaf of a pytree (a transform's inputs or
+    outputs)."""
+    ident = _get_ident()
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, Tracer) and leaf._interp.thread != ident:
+            raise _escaped(leaf, what)
+    return tree
 
 
 # NOTE [profiler hook]: None, or set by functx.autograd.profiler while a
@@ -369,11 +423,12 @@ def bind(prim, *args, **params):
     """Apply `prim` to `args`: hand it to the top interpreter among the
     arguments, or run it on JAX values when there is none (NOTE [levels])."""
     top = None
+    ident = None
     for a in args:
         if isinstance(a, Tracer):
             interp = a._interp
-            if not interp.alive:
-                raise _escaped(a, prim)
+            if interp.thread != (ident or (ident := _get_ident())):
+                raise _escaped(a, prim)  # NOTE [escaped tracers]
             if top is None or interp.level > top.level:
                 top = interp
     if top is None:
@@ -445,9 +500,24 @@ class Tracer:
         return self.shape[0]
 
     def _concrete(self):
-        if not self._interp.alive:
+        if self._interp.thread != _get_ident():
             raise _escaped(self, None)
         return self._interp.concrete(self)
+
+    # NOTE [escaped tracers]: a copy is the tracer itself; no pickled form.
+    def __copy__(self):
+        return check_usable(self)
+
+    def __deepcopy__(self, memo):
+        return check_usable(self)
+
+    def __reduce__(self):
+        check_usable(self)
+        raise ConcretizationError(
+            f"{self._interp.transform}: a traced value ({self.aval.str_short()}) cannot "
+            f"be pickled (at {describe_user_line()}): it exists only while "
+            f"{self._interp.transform} runs. Pickle the transform's results instead."
+        )
 
     def __bool__(self):
         return bool(self._concrete())
@@ -489,6 +559,8 @@ def _index(v):
 
 
 def jax_misuse_error(value=None):
+    if isinstance(value, Tracer) and value._interp.thread != _get_ident():
+        return _escaped(value, None)  # NOTE [escaped tracers]
     where = describe_user_line()
     if isinstance(value, ImperativeValue):
         return JaxOnFunctxValueError(

@@ -25,7 +25,7 @@ import numpy as np
 from jax import tree_util
 from jax._src import core as jcore
 
-from .core import FROM_JAX, Aval, ImperativeValue, Tracer, aval_of, bind
+from .core import FROM_JAX, Aval, ImperativeValue, Tracer, aval_of, bind, check_usable
 from .errors import FunctxTypeError, MissingRuleError
 
 _INLINE_PARAM = {
@@ -237,6 +237,7 @@ def call_lifted(fn, args, kwargs):
         if isinstance(leaf, ImperativeValue):
             return type(leaf).apply(fn, args, kwargs)
         if isinstance(leaf, Tracer):
+            check_usable(leaf)  # NOTE [escaped tracers]: also where nothing is computed
             has_tracer = True
     if not has_tracer:
         return fn(*args, **kwargs)
@@ -263,6 +264,22 @@ def call_lifted(fn, args, kwargs):
                 _CACHE.clear()
             _CACHE[key] = entry
     return entry(dynamic)
+
+
+class ByIdentity:
+    """A cache key part compared by identity: a jaxpr (or its constants)
+    held in a primitive's parameters, for caches of what is derived from it."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return type(other) is ByIdentity and self.obj is other.obj
 
 
 class _StaticKey:

@@ -43,7 +43,7 @@ or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """
 
 from .. import core as _core
-from ..core import Interpreter, Tracer, aval_of, missing_rule, new_interpreter
+from ..core import Interpreter, Tracer, aval_of, check_usable, missing_rule, new_interpreter
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
 from .eval import RepeatCache, compiled
@@ -60,7 +60,7 @@ class BatchTracer(Tracer):
 
     def __init__(self, interp, val, bdim, basis=None):
         self._interp = interp
-        self.val = val
+        self.val = check_usable(val)  # NOTE [escaped tracers]: a transform's inputs
         self.bdim = bdim
         self._aval = None
         self.basis = basis  # NOTE [identity bases]
@@ -85,14 +85,15 @@ class BatchInterpreter(Interpreter):
         self.transform = transform
 
     def box(self, val, bdim):
+        # NOTE [escaped tracers]: also a transform's inputs
         if bdim is None:
-            return val
+            return check_usable(val)
         return BatchTracer(self, val, bdim)
 
     def unbox(self, x):
         if type(x) is BatchTracer and x._interp is self:
             return x.val, x.bdim
-        return x, None
+        return check_usable(x), None  # NOTE [escaped tracers]
 
     def process(self, prim, args, params):
         vals = []

@@ -10,7 +10,9 @@ results both outputs are lists. The same rules drive reverse mode
 (interpreters/reverse.py), where the tangents are staged linear values.
 """
 
-from ..core import Interpreter, Tracer, Zero, aval_of, bind, missing_rule, new_interpreter
+from ..core import (
+    Interpreter, Tracer, Zero, aval_of, bind, check_usable, missing_rule, new_interpreter,
+)
 from ..core import _state as _core_state
 from .staging import eval_graph, split_known, stage
 
@@ -22,8 +24,9 @@ class JVPTracer(Tracer):
 
     def __init__(self, interp, primal, tangent):
         self._interp = interp
-        self.primal = primal
-        self.tangent = tangent
+        # NOTE [escaped tracers]: a transform's inputs are checked here
+        self.primal = check_usable(primal)
+        self.tangent = check_usable(tangent)
         self._aval = None
 
     @property
@@ -44,14 +47,14 @@ class JVPInterpreter(Interpreter):
 
     def box(self, primal, tangent):
         if type(tangent) is Zero:
-            return primal
+            return check_usable(primal)  # NOTE [escaped tracers]: also a transform's inputs
         return self.tracer_type(self, primal, tangent)
 
     def unbox(self, x):
         """(primal, tangent) of any value, seen from this level."""
         if type(x) is self.tracer_type and x._interp is self:
             return x.primal, x.tangent
-        return x, Zero.of(x)
+        return check_usable(x), Zero.of(x)  # NOTE [escaped tracers]
 
     def process(self, prim, args, params):
         if self.level <= _core_state.no_grad_level:  # NOTE [grad modes]

@@ -45,7 +45,7 @@ multiple results (with `Zero` where an output got no cotangent).
 
 from .. import core as _core
 from .. import xla_cpu
-from ..core import Aval, Zero, aval_of, bind, missing_rule
+from ..core import Aval, Zero, aval_of, bind, check_tree_usable, check_usable, missing_rule
 from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
@@ -107,11 +107,11 @@ class _Tape(StagingInterpreter):
         pass
 
     @property
-    def alive(self):
-        return self.owner.alive
+    def thread(self):  # NOTE [escaped tracers]: usable where its owner is
+        return self.owner.thread
 
-    @alive.setter
-    def alive(self, value):
+    @thread.setter
+    def thread(self, value):
         pass
 
 
@@ -210,7 +210,7 @@ class ReverseInterpreter(JVPInterpreter):
                 live.append(o.tangent)
                 zero_avals.append(None)
             else:
-                zero_avals.append(aval_of(o))
+                zero_avals.append(aval_of(check_usable(o)))  # NOTE [escaped tracers]
         graph = dce(self.tape.graph([x.tangent for x in inputs], live))
         return LinearMap(graph, zero_avals, self.tape.prepare)
 
@@ -325,6 +325,7 @@ class LinearMap:
 
     def forward(self, tangents):
         """Evaluate the map on input tangents."""
+        check_tree_usable(tangents)  # NOTE [escaped tracers]
         vals = iter(eval_graph(self._graph(), tangents))
         return [next(vals) if z is None else Zero(z) for z in self.zero_avals]
 
@@ -337,6 +338,7 @@ class LinearMap:
 
     def _backward(self, cts):
         live = [c for c, z in zip(cts, self.zero_avals, strict=True) if z is None]
+        check_tree_usable(live)  # NOTE [escaped tracers]
         graph = self._graph()
         out = compiled_backward(graph, live) if backward_check is None else None
         return backward_pass(graph, live) if out is None else out

@@ -20,6 +20,7 @@ from ..core import (
     Tracer,
     aval_of,
     bind,
+    check_usable,
     is_inexact_dtype,
     missing_rule,
 )
@@ -359,7 +360,7 @@ class StagingInterpreter(Interpreter):
             if type(o) is StagingTracer and o._interp is self:
                 out.append(o.var)
             else:
-                out.append(Const(o))
+                out.append(Const(check_usable(o)))  # NOTE [escaped tracers]
         return Graph(in_vars, list(self.eqns), out)
 
 

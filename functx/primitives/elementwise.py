@@ -14,7 +14,8 @@ from jax import lax
 from jax._src.lax.lax import mulhi_p as _jax_mulhi_p  # not exported by jax.lax
 
 from ..core import (
-    Aval, FROM_JAX, Primitive, Zero, aval_of, bind, is_complex_dtype, is_inexact_dtype,
+    Aval, FROM_JAX, Primitive, Zero, aval_of, bind, check_usable, is_complex_dtype,
+    is_inexact_dtype,
     is_real_float_dtype,
 )
 from ..errors import MissingRuleError
@@ -588,7 +589,7 @@ convert_element_type_p = defprim("convert_element_type", lax.convert_element_typ
 def convert_element_type(x, dtype, weak_type=False):
     dtype = np.dtype(dtype)
     if aval_of(x).dtype == dtype and not aval_of(x).weak_type and not weak_type:
-        return x
+        return check_usable(x)  # NOTE [escaped tracers]
     return bind(convert_element_type_p, x, new_dtype=dtype, weak_type=weak_type, sharding=None)
 
 

@@ -8,7 +8,7 @@ around it.
 
 from jax import lax
 
-from ..core import Aval, Zero, aval_of, bind
+from ..core import Aval, Zero, aval_of, bind, check_usable
 from .common import (
     batch_rules,
     defjvp,
@@ -58,7 +58,7 @@ reduce_sum_p = defprim("reduce_sum", lax.reduce_sum_p)
 def reduce_sum(x, axes):
     axes = tuple(sorted(axes))
     if not axes:
-        return x
+        return check_usable(x)  # NOTE [escaped tracers]
     return bind(reduce_sum_p, x, axes=axes, out_sharding=None)
 
 

@@ -10,7 +10,7 @@ primitive's axis parameters by one.
 import numpy as np
 from jax import lax
 
-from ..core import Aval, Zero, aval_of, bind
+from ..core import Aval, Zero, aval_of, bind, check_usable
 from .common import (
     basis_rules,
     batch_rules,
@@ -128,7 +128,7 @@ reshape_p = defprim("reshape", lax.reshape_p)
 def reshape(x, new_sizes):
     new_sizes = tuple(int(d) for d in new_sizes)
     if aval_of(x).shape == new_sizes:
-        return x
+        return check_usable(x)  # NOTE [escaped tracers]
     return bind(reshape_p, x, new_sizes=new_sizes, dimensions=None, sharding=None)
 
 
@@ -205,7 +205,7 @@ transpose_p = defprim("transpose", lax.transpose_p)
 def transpose(x, permutation):
     permutation = tuple(permutation)
     if permutation == tuple(range(len(permutation))):
-        return x
+        return check_usable(x)  # NOTE [escaped tracers]
     return bind(transpose_p, x, permutation=permutation)
 
 
