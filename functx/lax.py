@@ -40,6 +40,60 @@ for _n in [n for n in globals() if n.endswith("_p") and not n.startswith("_")]:
     del globals()[_n]
 del _n
 
+# --------------------------------------------------------------------------
+# Reductions with a computation: a functx function (functx.lax.max, ...)
+# stands for the JAX function it wraps, so JAX recognises lax.add / max /
+# min / mul / ... with their identity as the monoid reductions, which
+# differentiate in reverse mode (NOTE [pooling recognised from its
+# computation] in functx/primitives/windows.py).
+
+
+def _as_jax_computation(computation):
+    wrapped = getattr(computation, "__wrapped__", None)
+    if wrapped is not None and getattr(computation, "__module__", "").startswith("functx"):
+        return wrapped
+    return computation
+
+
+_lifted_reduce = reduce  # noqa: F821 - defined by _populate
+_lifted_reduce_window = reduce_window  # noqa: F821 - defined by _populate
+
+
+def reduce(operands, init_values, computation, dimensions, out_sharding=None):
+    """functx version of `jax.lax.reduce`: the same arguments and results, and it
+    accepts functx values. A functx computation (`functx.lax.add`, `functx.lax.max`,
+    ...) counts as the JAX function it wraps, so with its identity as initial
+    value this is reduce_sum / reduce_max / ...; any other computation (several
+    operands reduced together, e.g. a value and its index) is differentiable in
+    every mode and batches (NOTE [generic reduce] in functx/primitives/reductions.py).
+
+    Example:
+      >>> functx.grad(lambda x: functx.lax.reduce(x, 1.0, lambda a, b: a * b, (0,)))(x)
+    """
+    kwargs = {} if out_sharding is None else {"out_sharding": out_sharding}
+    return _lifted_reduce(operands, init_values, _as_jax_computation(computation),
+                          dimensions, **kwargs)
+
+
+def reduce_window(operand, init_value, computation, window_dimensions, window_strides=None,
+                  padding="VALID", base_dilation=None, window_dilation=None):
+    """functx version of `jax.lax.reduce_window`: the same arguments and results,
+    and it accepts functx values. With add / max / min as the computation
+    (`functx.lax.add`, `jax.lax.max`, `jnp.minimum`, ...) and a constant initial
+    value equal to its identity (0, -inf, inf) it is sum / max / min pooling,
+    differentiable in every mode (NOTE [pooling recognised from its
+    computation] in functx/primitives/windows.py); another computation supports
+    forward mode and vmap.
+
+    Example:
+      >>> functx.grad(lambda x: functx.lax.reduce_window(
+      ...     x, -jnp.inf, functx.lax.max, (2,), (1,), "VALID").sum())(x)
+    """
+    return _lifted_reduce_window(operand, init_value, _as_jax_computation(computation),
+                                 window_dimensions, window_strides, padding, base_dilation,
+                                 window_dilation)
+
+
 from . import random as _random  # noqa: E402
 from .core import Tracer as _Tracer  # noqa: E402
 from .core import aval_of as _aval_of  # noqa: E402

@@ -17,3 +17,5 @@ from . import complex  # noqa: F401
 from . import fft  # noqa: F401
 from . import windows  # noqa: F401
 from . import custom  # noqa: F401
+from . import misc  # noqa: F401
+from . import callback  # noqa: F401

@@ -1,14 +1,35 @@
 """Reductions and scans: reduce_sum/max/min/prod/and/or/xor,
-argmax/argmin, cumsum, cumlogsumexp, and (without derivatives yet)
-cumprod/cummax/cummin.
+argmax/argmin, cumsum, cumlogsumexp, cumprod/cummax/cummin, and the
+generic `reduce` with a custom (possibly variadic) computation.
 
 Batching keeps the batch axis in place and renumbers the reduced axes
 around it.
+
+NOTE [generic reduce]
+`lax.reduce` with a computation JAX does not recognise as a monoid (anything
+but lax.add/mul/max/min/bitwise ops with their identity as initial value,
+or several operands reduced together, e.g. a value and its index) is the
+primitive `reduce`, holding the computation as a jaxpr. Its derivative is
+the derivative of one particular evaluation order, the one JAX uses: the
+reduced axes are flattened into one, then halved repeatedly, the first half
+combined elementwise with the second (padded with the initial values when
+odd) by the computation, until one row is left. That tree is staged once per
+jaxpr and shapes as a functx graph (the computation's graph vmapped over
+each level) and differentiated by the jvp interpreter, so its tangent part
+is made of linear primitives: reverse mode and higher orders follow. The
+primal output is the tree's, as in JAX. A tangent of an initial value has no
+meaning (XLA may use the initial value any number of times): it raises.
+Under vmap, batched initial values (JAX refuses those) reduce one batch
+element at a time in a `scan`.
 """
 
+import functools
+
+import numpy as np
 from jax import lax
 
 from ..core import Aval, Zero, aval_of, bind, check_usable
+from ..errors import MissingRuleError
 from .common import (
     batch_rules,
     defjvp,
@@ -296,3 +317,113 @@ for _p in (cummax_p, cummin_p):
     shape_rules[_p] = _cumulative_shape
     _cumulative_batch(_p)
     defjvp_out(_p, _chooser_scan_jvp)
+
+# --------------------------------------------------------------------------
+# reduce with a custom computation (NOTE [generic reduce])
+
+reduce_p = defprim("reduce", lax.reduce_p, multiple_results=True)
+
+
+def _generic_shape(*avals, computation, jaxpr, dimensions):
+    k = len(avals) // 2
+    drop = set(dimensions)
+    return [Aval(tuple(d for i, d in enumerate(x.shape) if i not in drop), x.dtype,
+                 x.weak_type and init.weak_type)
+            for x, init in zip(avals[:k], avals[k:])]
+
+
+shape_rules[reduce_p] = _generic_shape
+
+
+@functools.lru_cache(maxsize=256)
+def _tree_graph(jaxpr_key, avals, dimensions):
+    """The reduction `(operands..., initial values...) -> results` as a
+    functx graph of the computation applied pairwise in a tree (NOTE
+    [generic reduce])."""
+    from ..interpreters.batching import batch_graph
+    from ..interpreters.staging import eval_graph, stage
+    from ..lifting import graph_of_jaxpr
+    from .common import bdim_to_front
+
+    computation = graph_of_jaxpr(jaxpr_key.obj)
+    k = len(avals) // 2
+    shape = avals[0].shape
+    kept = tuple(i for i in range(len(shape)) if i not in dimensions)
+    kept_shape = tuple(shape[i] for i in kept)
+    n = int(np.prod([shape[d] for d in dimensions], dtype=np.int64))
+    m = int(np.prod(kept_shape, dtype=np.int64))
+
+    def combine(left, right, rows):
+        size = rows * m
+        batched, out_dims = batch_graph(computation, size, (0,) * (2 * k))
+        outs = eval_graph(batched, [st.reshape(x, (size,)) for x in left + right])
+        return [st.reshape(bdim_to_front(o, d, size), (rows, m)) for o, d in zip(outs, out_dims)]
+
+    def tree(*args):
+        xs, inits = list(args[:k]), list(args[k:])
+        if n == 0 or m == 0:
+            return [st.broadcast_in_dim(i, kept_shape, ()) for i in inits]
+        xs = [st.reshape(st.transpose(x, tuple(dimensions) + kept), (n, m)) for x in xs]
+        rows = n
+        while rows > 1:
+            half = (rows + 1) // 2
+            left = [st.slice(x, (0, 0), (half, m)) for x in xs]
+            right = [st.slice(x, (half, 0), (rows, m)) for x in xs]
+            if 2 * half != rows:
+                right = [st.pad(x, i, ((0, 1, 0), (0, 0, 0))) for x, i in zip(right, inits)]
+            xs = combine(left, right, half)
+            rows = half
+        return [st.reshape(x, kept_shape) for x in xs]
+
+    graph, captured = stage(tree, list(avals), "reduce")
+    assert not captured, "a reduction's jaxpr has concrete constants"
+    return graph
+
+
+def _generic_jvp(primals, tangents, *, computation, jaxpr, dimensions):
+    from ..interpreters.jvp import graph_jvp_pairs
+    from ..lifting import ByIdentity
+
+    k = len(primals) // 2
+    if any(type(t) is not Zero for t in tangents[k:]):
+        raise MissingRuleError(
+            "differentiation (jvp, vjp, grad, ...): primitive `reduce` (lax.reduce with a "
+            "custom computation) has no jvp rule with respect to its initial values (JAX "
+            "has none either): XLA may use an initial value any number of times. Pass "
+            "the initial values as constants (the identity of the computation)."
+        )
+    nonzero = tuple(type(t) is not Zero for t in tangents[:k])
+    if not any(nonzero):
+        outs = bind(reduce_p, *primals, computation=computation, jaxpr=jaxpr,
+                    dimensions=dimensions)
+        return outs, [Zero.of(o) for o in outs]
+    graph = _tree_graph(ByIdentity(jaxpr), tuple(aval_of(p) for p in primals),
+                        tuple(dimensions))
+    live = [t for t in tangents[:k] if type(t) is not Zero]
+    pairs = graph_jvp_pairs(graph, nonzero + (False,) * k, list(primals) + live)
+    return [p for p, _ in pairs], [t for _, t in pairs]
+
+
+jvp_rules[reduce_p] = _generic_jvp
+
+
+def _generic_batch(size, vals, dims, *, computation, jaxpr, dimensions):
+    from .common import bdim_to_front
+
+    k = len(vals) // 2
+    params = dict(computation=computation, jaxpr=jaxpr)
+    if all(d is None for d in dims[k:]):
+        operands = [bdim_to_front(v, d, size) for v, d in zip(vals[:k], dims[:k])]
+        outs = bind(reduce_p, *operands, *vals[k:], dimensions=tuple(d + 1 for d in dimensions),
+                    **params)
+        return outs, [0] * k
+    from .. import lax as fxlax  # batched initial values: one element at a time
+
+    def one(args):
+        return bind(reduce_p, *args, dimensions=tuple(dimensions), **params)
+
+    outs = fxlax.map(one, [bdim_to_front(v, d, size) for v, d in zip(vals, dims)])
+    return list(outs), [0] * k
+
+
+batch_rules[reduce_p] = _generic_batch

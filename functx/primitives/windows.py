@@ -37,7 +37,20 @@ is borrowed from JAX (NOTE [rules borrowed from JAX] in conv.py): a
 reduce_window over (operands, tangents) with the jvp of the computation. It
 is not linear in a way that can be transposed, and JAX has no transpose
 for it either, so reverse mode raises a clear error; forward mode and vmap
-work.
+work (batched initial values reduce one batch element at a time).
+
+NOTE [pooling recognised from its computation]
+JAX turns lax.reduce_window into reduce_window_sum / max / min only when the
+computation *is* lax.add / lax.max / lax.min and the initial value a known
+identity; `functx.lax.max`, `jnp.maximum`, `lambda a, b: a + b`, or an
+identity held in an array, give the generic primitive, which has no reverse
+mode. So when lifting meets a one-operand reduce_window whose computation
+computes exactly add / max / min of its two arguments, and whose initial
+value is, when the program runs, a constant equal to that operation's
+identity (0; -inf or the dtype's minimum; inf or its maximum), it binds the
+pooling primitive instead. `functx.lax.reduce_window` and `functx.lax.reduce`
+also hand JAX the JAX function a functx function wraps, so JAX recognises
+`functx.lax.add / max / min / mul / ...` itself.
 """
 
 import functools
@@ -48,7 +61,8 @@ from jax import lax
 
 from ..core import Aval, Zero, aval_of, is_inexact_dtype
 from ..errors import FunctxValueError, MissingRuleError
-from ..lifting import call_lifted
+from ..core import Tracer
+from ..lifting import LIFT_RULES, ByIdentity, Macro, call_lifted
 from .common import (
     batch_rules,
     bdim_to_front,
@@ -317,21 +331,6 @@ def _generic_shape(*avals, jaxpr, consts, **win):
 shape_rules[reduce_window_p] = _generic_shape
 
 
-class _ByIdentity:
-    """A cache key part compared by identity (jaxprs and their constants)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __hash__(self):
-        return id(self.obj)
-
-    def __eq__(self, other):
-        return self.obj is other.obj
-
-
 @functools.lru_cache(maxsize=256)
 def _generic_jvp_fn(jaxpr_key, consts_key, items):
     """`(operands, tangents, inits) -> output tangents` as a JAX function."""
@@ -357,7 +356,7 @@ def _generic_jvp(primals, tangents, *, jaxpr, consts, **win):
         )
     if all(type(t) is Zero for t in tangents[:n]):
         return outs, [Zero.of(o) for o in outs]
-    fn = _generic_jvp_fn(_ByIdentity(jaxpr), _ByIdentity(consts), tuple(sorted(win.items())))
+    fn = _generic_jvp_fn(ByIdentity(jaxpr), ByIdentity(consts), tuple(sorted(win.items())))
     out_tangents = call_lifted(
         fn, (list(primals[:n]), [instantiate(t) for t in tangents[:n]], list(primals[n:])), {})
     return outs, list(out_tangents)
@@ -372,7 +371,8 @@ def _generic_transpose(cts, *args, **params):
         "with a function other than add/max/min and their identity as initial value) "
         "has no transpose rule, so functx cannot apply reverse mode (vjp, grad, jacrev) "
         "to it; neither can JAX. Use forward mode (jvp, jacfwd), or write the pooling "
-        "with lax.add / lax.max / lax.min and init 0 / -inf / inf."
+        "with add / max / min as the computation and a constant initial value 0 / -inf / "
+        "inf (NOTE [pooling recognised from its computation] in functx/primitives/windows.py)."
     )
 
 
@@ -382,10 +382,13 @@ transpose_rules[reduce_window_p] = _generic_transpose
 def _generic_batch(size, vals, dims, *, jaxpr, consts, **win):
     n = len(vals) // 2
     if any(d is not None for d in dims[n:]):
-        raise MissingRuleError(
-            "vmap: `reduce_window` with a custom computation cannot be batched over its "
-            "initial values (JAX cannot either). Pass the initial value unbatched."
-        )
+        from .. import lax as fxlax  # batched initial values: one element at a time
+
+        def one(args):
+            return bind(reduce_window_p, *args, jaxpr=jaxpr, consts=consts, **win)
+
+        outs = fxlax.map(one, [bdim_to_front(v, d, size) for v, d in zip(vals, dims)])
+        return list(outs), [0] * n
     ops = [bdim_to_front(v, d, size) for v, d in zip(vals[:n], dims[:n])]
     new = _window_params_with_unit_axis(win, 0)
     outs = bind(reduce_window_p, *ops, *vals[n:], jaxpr=jaxpr, consts=consts, **new)
@@ -393,3 +396,79 @@ def _generic_batch(size, vals, dims, *, jaxpr, consts, **win):
 
 
 batch_rules[reduce_window_p] = _generic_batch
+
+# --------------------------------------------------------------------------
+# Lifting: pooling written with a generic computation (NOTE [pooling
+# recognised from its computation])
+
+_POOLING = {"add": reduce_window_sum_p, "max": reduce_window_max_p, "min": reduce_window_min_p}
+_CALLS = ("pjit", "jit", "closed_call", "core_call")
+
+
+def binary_op_of(jaxpr):
+    """The name of the primitive that a jaxpr of two inputs and one output
+    applies to exactly those two inputs, looking through nested jit calls
+    (whose argument order only matters for a non-commutative primitive:
+    then None); None if it computes anything else."""
+    if len(jaxpr.invars) != 2 or len(jaxpr.outvars) != 1 or len(jaxpr.eqns) != 1:
+        return None
+    eqn, = jaxpr.eqns
+    a, b = jaxpr.invars
+    if (a is b or len(eqn.invars) != 2 or len(eqn.outvars) != 1
+            or eqn.outvars[0] is not jaxpr.outvars[0]
+            or {id(v) for v in eqn.invars} != {id(a), id(b)}):
+        return None
+    if eqn.primitive.name in _CALLS:
+        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+            if sub.consts:
+                return None
+            sub = sub.jaxpr
+        op = binary_op_of(sub)
+        return op if op in _POOLING else None
+    return eqn.primitive.name
+
+
+def _is_identity(init, op):
+    """Is `init` a constant scalar equal to the identity of `op`?"""
+    if isinstance(init, (Tracer, jax.core.Tracer)):
+        return False
+    try:
+        value = np.asarray(init)
+    except Exception:  # noqa: BLE001 - not an array: not a known constant
+        return False
+    if value.shape != () or value.dtype == np.dtype(bool):
+        return False
+    if op == "add":
+        return bool(value == 0)
+    if is_inexact_dtype(value.dtype):
+        identity = -np.inf if op == "max" else np.inf
+    else:
+        info = np.iinfo(value.dtype)
+        identity = info.min if op == "max" else info.max
+    return bool(value == identity)
+
+
+def _pool_or_generic(op):
+    pooled = _POOLING[op]
+
+    def replay(x, init, *, jaxpr, consts, **win):
+        if _is_identity(init, op):
+            return [bind(pooled, x, **win)]
+        return bind(reduce_window_p, x, init, jaxpr=jaxpr, consts=consts, **win)
+
+    return Macro(replay)
+
+
+_POOLING_MACROS = {op: _pool_or_generic(op) for op in _POOLING}
+
+
+def _lift_reduce_window(params):
+    op = None if params["consts"] else binary_op_of(params["jaxpr"])
+    if op in _POOLING_MACROS:
+        return _POOLING_MACROS[op], params
+    return reduce_window_p, params
+
+
+_lift_reduce_window.primitive = reduce_window_p
+LIFT_RULES["reduce_window"] = _lift_reduce_window
