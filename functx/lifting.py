@@ -23,6 +23,7 @@ import jax
 import jax.extend.core
 import numpy as np
 from jax import tree_util
+from jax._src import config as jconfig
 from jax._src import core as jcore
 
 from .core import FROM_JAX, Aval, ImperativeValue, Tracer, aval_of, bind, check_usable
@@ -324,7 +325,11 @@ def _stage(treedef, leaves, key_parts):
         return [x for x in out_leaves if isinstance(x, _JaxArray)]
 
     avals = [key_parts[i].to_jax() for i in positions]
-    closed = jax.make_jaxpr(flat_fn)(*avals)
+    # Staged as written, also where functx's staging evaluates constants
+    # eagerly (staging.stage): a callback of constants must stay an equation
+    # (NOTE [callbacks run when the program runs] in primitives/callback.py).
+    with jconfig.eager_constant_folding(False):
+        closed = jax.make_jaxpr(flat_fn)(*avals)
     cacheable = not any(isinstance(c, jcore.Tracer) for c in closed.consts)
     return _Staged(Program(closed), outputs["tree"], outputs["static"]), cacheable
 

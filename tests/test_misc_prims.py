@@ -246,3 +246,298 @@ def test_missing_derivatives_raise_naming_the_primitive(name, fn, argnums):
     # eval_shape: the error is raised while tracing, nothing is compiled
     with pytest.raises(MissingRuleError, match=f"`{name}` has no derivative"):
         jax.eval_shape(fx.grad(fx.lift(fn), argnums=argnums), 2.0, 1.5)
+
+
+# --------------------------------------------------------------------------
+# lax.reduce with a custom computation (NOTE [generic reduce]): the
+# derivative of JAX's pairwise tree, so reverse mode and second order work
+
+
+def _prod_reduce(x):  # lax.mul with 1.0 but through a lambda: JAX's generic reduce
+    return lax.reduce(x, 1.0, lambda a, b: a * b, (0,))
+
+
+def _argmax_reduce(x, i):  # variadic: a value and its index, reduced together
+    def comp(a, b):
+        take = a[0] >= b[0]
+        return jnp.where(take, a[0], b[0]), jnp.where(take, a[1], b[1])
+
+    return lax.reduce((x, i), (-jnp.inf, jnp.zeros((), i.dtype)), comp, (1,))
+
+
+def test_generic_reduce_all_modes_match_jax():
+    x = jnp.asarray(rng.uniform(0.5, 1.5, size=(5, 3)))
+    t = jnp.asarray(rng.normal(size=(5, 3)))
+    i = jnp.broadcast_to(jnp.arange(3), (5, 3))
+    F, G = fx.lift(_prod_reduce), fx.lift(_argmax_reduce)
+    assert "reduce[" in str(jax.make_jaxpr(_prod_reduce)(x))
+    loss = lambda f: lambda y: (f(y) ** 2).sum()  # noqa: E731
+
+    @jax.jit
+    def run(x, t, i):
+        fi = i.astype(x.dtype)  # JAX's jvp of reduce fails on an integer operand
+        got = (F(x), fx.jvp(F, (x,), (t,)), fx.vjp(F, x)[1](t[0]), fx.grad(loss(F))(x),
+               fx.hessian(loss(F))(x[:, 0]), fx.vmap(F, in_dims=1)(x),
+               fx.vmap(fx.grad(loss(F)))(x[:, None]),
+               G(x, i), fx.jvp(lambda y: G(y, i)[0], (x,), (t,))[1],
+               fx.grad(lambda y: G(y, i)[0].sum())(x), fx.vmap(G)(x[:, None], i[:, None]))
+        want = (_prod_reduce(x), jax.jvp(_prod_reduce, (x,), (t,)),
+                jax.vjp(_prod_reduce, x)[1](t[0]), jax.grad(loss(_prod_reduce))(x),
+                jax.hessian(loss(_prod_reduce))(x[:, 0]), jax.vmap(_prod_reduce, 1)(x),
+                jax.vmap(jax.grad(loss(_prod_reduce)))(x[:, None]),
+                _argmax_reduce(x, i),
+                jax.jvp(lambda y, j: _argmax_reduce(y, j)[0], (x, fi), (t, 0 * fi))[1],
+                jax.grad(lambda y, j: _argmax_reduce(y, j)[0].sum(), argnums=(0, 1))(x, fi)[0],
+                jax.vmap(_argmax_reduce)(x[:, None], i[:, None]))
+        return got, want
+
+    got, want = run(x, t, i)
+    close(got, want)
+
+
+def test_generic_reduce_batched_initial_values_and_init_tangent_error():
+    # JAX cannot batch initial values; functx reduces one element at a time
+    x = jnp.asarray(rng.uniform(0.5, 1.5, size=(3, 4)))
+    s = jnp.asarray(rng.uniform(0.5, 1.5, size=3))
+    f = lambda y, init: lax.reduce(y, init, lambda a, b: a * b, (0,))  # noqa: E731
+    got = fx.vmap(fx.lift(f))(x, s)
+    close(got, jnp.stack([f(x[k], s[k]) for k in range(3)]))
+    with pytest.raises(MissingRuleError, match="`reduce`.*initial values"):
+        fx.jvp(lambda init: fx.lift(f)(x[0], init), (s[0],), (s[1],))
+
+
+def test_functx_lax_reduce_recognises_functx_monoids():
+    x = jnp.asarray(rng.normal(size=(3, 4)))
+    for comp, init, name in [(fx.lax.add, 0.0, "reduce_sum"), (fx.lax.max, -jnp.inf, "reduce_max"),
+                             (fx.lax.mul, 1.0, "reduce_prod")]:
+        jaxpr = str(jax.make_jaxpr(lambda y: fx.lax.reduce(y, init, comp, (1,)))(x))
+        assert name in jaxpr and "reduce[" not in jaxpr, jaxpr
+    close(fx.grad(lambda y: fx.lax.reduce(y, -jnp.inf, fx.lax.max, (0,)).sum())(x),
+          jax.grad(lambda y: lax.reduce(y, -jnp.inf, lax.max, (0,)).sum())(x))
+
+
+# --------------------------------------------------------------------------
+# Pooling written with functx's (or any) add / max / min: recognised, so
+# reverse mode works (NOTE [pooling recognised from its computation])
+
+
+@pytest.mark.parametrize("name, fx_comp, jax_comp, init", [
+    ("max", fx.lax.max, lax.max, -jnp.inf), ("sum", fx.lax.add, lax.add, 0.0),
+    ("min", fx.lax.min, lax.min, jnp.inf)])
+def test_functx_lax_reduce_window_is_pooling_under_every_transform(name, fx_comp, jax_comp, init):
+    x = jnp.asarray(rng.normal(size=(4, 5)))
+    t = jnp.asarray(rng.normal(size=(4, 5)))
+    win = ((2, 2), (1, 2), ((0, 1), (1, 0)))
+
+    def ours(y):
+        return (fx.lax.reduce_window(y, init, fx_comp, *win) ** 2).sum()
+
+    def theirs(y):
+        return (lax.reduce_window(y, init, jax_comp, *win) ** 2).sum()
+
+    # JAX code with other spellings of the computation and an array identity,
+    # lifted: recognised when the program is replayed
+    spelled = {"max": jnp.maximum, "sum": lambda a, b: a + b, "min": jnp.minimum}[name]
+    lifted = fx.lift(lambda y: (lax.reduce_window(y, jnp.asarray(init), spelled, *win) ** 2).sum())
+
+    @jax.jit
+    def run(x, t):
+        got = (fx.grad(ours)(x), fx.vmap(fx.grad(ours))(jnp.stack([x, t])),
+               fx.jvp(fx.grad(ours), (x,), (t,))[1], fx.grad(lifted)(x))
+        want = (jax.grad(theirs)(x), jax.vmap(jax.grad(theirs))(jnp.stack([x, t])),
+                jax.jvp(jax.grad(theirs), (x,), (t,))[1], jax.grad(theirs)(x))
+        return got, want
+
+    got, want = run(x, t)
+    close(got, want)
+    assert f"reduce_window_{name}" in str(jax.make_jaxpr(lambda y: fx.lax.reduce_window(
+        y, init, fx_comp, *win))(x))
+
+
+def test_reduce_window_with_a_traced_initial_value_stays_generic():
+    # an initial value known only when the program runs (here an argument of
+    # jax.jit) is no known identity: forward mode works, reverse mode
+    # explains what to write instead
+    x, t = jnp.asarray(rng.normal(size=6)), jnp.asarray(rng.normal(size=6))
+    f = lambda y, init: lax.reduce_window(y, init, lax.max, (2,), (1,), "VALID")  # noqa: E731
+    F = fx.lift(f)
+    jvp = jax.jit(lambda y, init, s: (fx.jvp(lambda z: F(z, init), (y,), (s,)),
+                                      jax.jvp(lambda z: f(z, init), (y,), (s,))))
+    close(*jvp(x, -jnp.inf, t))
+    with pytest.raises(MissingRuleError, match="constant initial value"):
+        jax.jit(lambda y, init: fx.grad(lambda z: F(z, init).sum())(y))(x, -jnp.inf)
+    # batched initial values (JAX cannot): one batch element at a time
+    xs, inits = jnp.asarray(rng.normal(size=(3, 6))), jnp.asarray(rng.normal(size=3))
+    g = lambda y, init: lax.reduce_window(y, init, lax.mul, (2,), (1,), "VALID")  # noqa: E731
+    close(fx.vmap(fx.lift(g))(xs, inits), jnp.stack([g(xs[k], inits[k]) for k in range(3)]))
+
+
+# --------------------------------------------------------------------------
+# optimization_barrier, device_put, dce_sink: identity-like primitives
+
+
+def _barrier_fn(x, y):
+    a, b = lax.optimization_barrier((jnp.sin(x) * y, y))
+    return a * b + jnp.cos(a)
+
+
+def _device_put_fn(x, y):
+    a, b = jax.device_put((x * y, jnp.exp(y)), jax.devices()[0])
+    return jnp.sin(a) * jax.device_put(b)
+
+
+def _dce_sink_fn(x, y):
+    lax.dce_sink(x * y)  # JAX keeps x * y alive; the value is unused
+    return jnp.sin(x) * y
+
+
+def _without_sink(x, y):  # the reference: JAX's own vmap of dce_sink's jvp fails
+    return jnp.sin(x) * y
+
+
+@pytest.mark.parametrize("ours, f", [(_barrier_fn, _barrier_fn), (_device_put_fn, _device_put_fn),
+                                     (_dce_sink_fn, _without_sink)],
+                         ids=["optimization_barrier", "device_put", "dce_sink"])
+def test_identity_like_primitives_under_every_transform_match_jax(ours, f):
+    name = ours.__name__[1:-3]
+    x, y = jnp.asarray(rng.normal(size=3)), jnp.asarray(rng.normal(size=3))
+    tx, ty = jnp.asarray(rng.normal(size=3)), jnp.asarray(rng.normal(size=3))
+    assert name in str(jax.make_jaxpr(ours)(x, y))
+    F = fx.lift(ours)
+    loss = lambda g: lambda a, b: g(a, b).sum()  # noqa: E731
+
+    @jax.jit
+    def run(x, y, tx, ty):
+        got = (fx.jvp(F, (x, y), (tx, ty)), fx.vjp(F, x, y)[1](tx),
+               fx.grad(loss(F), argnums=(0, 1))(x, y), fx.hessian(loss(F))(x, y),
+               fx.vmap(F, in_dims=(0, None))(jnp.stack([x, tx]), y),
+               fx.vmap(fx.grad(loss(F)))(jnp.stack([x, tx]), jnp.stack([y, ty])))
+        want = (jax.jvp(f, (x, y), (tx, ty)), jax.vjp(f, x, y)[1](tx),
+                jax.grad(loss(f), argnums=(0, 1))(x, y), jax.hessian(loss(f))(x, y),
+                jax.vmap(f, in_axes=(0, None))(jnp.stack([x, tx]), y),
+                jax.vmap(jax.grad(loss(f)))(jnp.stack([x, tx]), jnp.stack([y, ty])))
+        return got, want
+
+    got, want = run(x, y, tx, ty)
+    close(got, want)
+    # eagerly too (a transfer, a barrier, a sink on concrete arrays)
+    close(fx.grad(loss(F))(x, y), jax.grad(loss(f))(x, y))
+
+
+def test_functx_lax_optimization_barrier_and_dce_sink_on_functx_values():
+    x = jnp.asarray(rng.normal(size=3))
+
+    def f(y):
+        a, b = fx.lax.optimization_barrier((y * 2.0, fx.numpy.sin(y)))
+        assert fx.lax.dce_sink(a) is None
+        return (a * b).sum()
+
+    close(fx.grad(f)(x), jax.grad(lambda y: (2.0 * y * jnp.sin(y)).sum())(x))
+
+
+def test_device_put_with_donation_has_no_reverse_mode():
+    x = jnp.asarray(rng.normal(size=3))
+    f = fx.lift(lambda y: jax.device_put(jnp.sin(y), donate=True))
+    close(fx.jvp(f, (x,), (x,)), (jnp.sin(x), jnp.cos(x) * x))
+    with pytest.raises(MissingRuleError, match="`device_put`.*donate"):
+        fx.vjp(f, x)[1](x)
+
+
+# --------------------------------------------------------------------------
+# pure_callback: runs when the program runs; vmap per vmap_method as JAX
+
+
+class _Recorder:
+    """A host function that records the shapes it is called with."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def __call__(self, a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        self.shapes.append((a.shape, b.shape))
+        return (np.sin(a) * b).astype(a.dtype)
+
+
+def _callback_fn(record, vmap_method):
+    def f(x, y):
+        out = jax.ShapeDtypeStruct(jnp.broadcast_shapes(x.shape, y.shape), x.dtype)
+        return jax.pure_callback(record, out, x, y, vmap_method=vmap_method) + x
+
+    return f
+
+
+@pytest.mark.parametrize("vmap_method", ["sequential", "sequential_unrolled", "expand_dims",
+                                         "broadcast_all", "legacy_vectorized"])
+def test_pure_callback_vmap_methods_match_jax_results_and_calls(vmap_method):
+    xs, y = jnp.asarray(rng.normal(size=(4, 3))), jnp.asarray(rng.normal(size=3))
+    ours, theirs = _Recorder(), _Recorder()
+    f_ours, f_theirs = _callback_fn(ours, vmap_method), _callback_fn(theirs, vmap_method)
+    want = jax.vmap(f_theirs, in_axes=(0, None))(xs, y)
+    got = fx.vmap(fx.lift(f_ours), in_dims=(0, None))(xs, y)
+    close(got, want)
+    assert ours.shapes == theirs.shapes, (ours.shapes, theirs.shapes)
+    if vmap_method == "legacy_vectorized":
+        return  # (nested, it passes shapes that do not broadcast: (4, 3) and (2, 3))
+    # nested vmap, staged by an outer jax.jit: the callback is part of the program
+    ours.shapes.clear(), theirs.shapes.clear()
+    ys = xs[:2] + 1.0
+    want = jax.jit(jax.vmap(jax.vmap(f_theirs, in_axes=(0, None)), in_axes=(None, 0)))(xs, ys)
+    got = jax.jit(fx.vmap(fx.vmap(fx.lift(f_ours), in_dims=(0, None)), in_dims=(None, 0)))(xs, ys)
+    close(got, want)
+    assert sorted(ours.shapes) == sorted(theirs.shapes), (ours.shapes, theirs.shapes)
+
+
+def test_pure_callback_runs_only_when_the_program_runs():
+    record = _Recorder()
+    f = _callback_fn(record, "sequential")
+    x, y = jnp.asarray(rng.normal(size=(2, 3))), jnp.asarray(rng.normal(size=3))
+    # staging (lifting, functx transforms inside a JAX trace) calls nothing
+    jax.make_jaxpr(fx.vmap(fx.lift(f), in_dims=(0, None)))(x, y)
+    jax.eval_shape(fx.lift(f), x[0], y)
+    assert record.shapes == []
+    # each run calls it: once per batch element, every time
+    want = jax.vmap(_callback_fn(_Recorder(), "sequential"), in_axes=(0, None))(x, y)
+    step = fx.jit(fx.vmap(fx.lift(f), in_dims=(0, None)))
+    for k in (1, 2):
+        close(step(x, y), want)
+        assert len(record.shapes) == 2 * k, record.shapes
+    # a callback of constants only, in a branch functx stages: run when the
+    # branch is taken, each time (not once, while staging)
+    record.shapes.clear()
+    ones = jnp.ones(3)
+    branch = fx.lift(lambda z: z + _callback_fn(record, "sequential")(ones, ones))
+    g = lambda z: fx.lax.cond(z.sum() > 0, branch, lambda w: w, z)  # noqa: E731
+    close(g(-jnp.abs(y)), -jnp.abs(y))
+    assert record.shapes == []
+    for k in (1, 2):
+        close(g(jnp.abs(y)), jnp.abs(y) + np.sin(1.0) + 1.0)
+        assert len(record.shapes) == k, record.shapes
+
+
+def test_pure_callback_has_no_derivative_or_default_vmap():
+    x, y = jnp.asarray(rng.normal(size=3)), jnp.asarray(rng.normal(size=3))
+    F = fx.lift(_callback_fn(_Recorder(), "sequential"))
+    with pytest.raises(MissingRuleError, match="jvp.*`pure_callback`"):
+        fx.jvp(F, (x, y), (x, y))
+    with pytest.raises(MissingRuleError, match="`pure_callback`"):
+        fx.grad(lambda a: F(a, y).sum())(x)
+    # only y differentiated, and the callback does not see it: no derivative needed
+    close(fx.grad(lambda b: (F(x, fx.lax.stop_gradient(b)) * b).sum())(y),
+          F(x, y))
+    G = fx.lift(_callback_fn(_Recorder(), None))
+    with pytest.raises(MissingRuleError, match="vmap.*`pure_callback`.*vmap_method"):
+        fx.vmap(G, in_dims=(0, None))(jnp.stack([x, y]), y)
+
+
+def test_pure_callback_with_integer_results_has_a_zero_derivative():
+    # JAX refuses any derivative through a callback; an integer result has
+    # a zero tangent whatever the callback does
+    def f(x):
+        idx = jax.pure_callback(lambda a: np.argsort(a).astype(np.int32),
+                                jax.ShapeDtypeStruct(x.shape, jnp.int32), x,
+                                vmap_method="sequential")
+        return (x[idx] * jnp.arange(3.0)).sum()
+
+    x = jnp.asarray(rng.normal(size=3))
+    close(fx.grad(fx.lift(f))(x), jax.grad(lambda a: (a[jnp.argsort(a)] * jnp.arange(3.0)).sum())(x))
