@@ -56,7 +56,9 @@ COMPILER_OPTIONS = {
 
 
 def is_float(x):
-    return np.issubdtype(np.asarray(x).dtype, np.floating)
+    # jnp.issubdtype, not np.issubdtype: bfloat16 and the float8 types
+    # (NumPy kind 'V') are floating too (tests/test_low_precision.py)
+    return jnp.issubdtype(np.asarray(x).dtype, jnp.floating)
 
 
 def diff_indices(op, args):
@@ -75,7 +77,7 @@ def instances(op, seed):
 def random_like(rng, tree):
     return tree_util.tree_map(
         lambda s: rng.standard_normal(s.shape).astype(s.dtype)
-        if np.issubdtype(s.dtype, np.floating) else np.zeros(s.shape, s.dtype),
+        if jnp.issubdtype(s.dtype, jnp.floating) else np.zeros(s.shape, s.dtype),
         tree,
     )
 
@@ -146,7 +148,7 @@ def prepare(op, *, full=True, order=None, vmap_vjp=True, second=SECOND_ORDER, fd
     # A record all of whose outputs are integers or booleans is
     # non-differentiable whatever its table entry says.
     nondiff = op.nondiff or not any(
-        np.issubdtype(s.dtype, np.inexact) for s in tree_util.tree_leaves(out_shape))
+        jnp.issubdtype(s.dtype, jnp.inexact) for s in tree_util.tree_leaves(out_shape))
     dshape = [jax.ShapeDtypeStruct(np.shape(args[i]), args[i].dtype) for i in diff]
     pl = placements(args, every=full) if op.batch else []
     if placements_at is not None and op.batch:
@@ -290,7 +292,9 @@ def compare(name, got, want, tol):
         if w.dtype == jax.dtypes.float0:
             w = np.zeros(w.shape, g.dtype)
         assert g.shape == w.shape, f"{name}: shape {g.shape} != {w.shape}"
-        if np.issubdtype(w.dtype, np.inexact):
+        if jnp.issubdtype(w.dtype, jnp.inexact):
+            if not np.issubdtype(w.dtype, np.inexact):  # bfloat16, float8: compare as float32
+                g, w = g.astype(np.float32), w.astype(np.float32)
             np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=name)
         else:
             np.testing.assert_array_equal(g, w, err_msg=name)
