@@ -9,6 +9,7 @@ broadcasting (equal ranks with size-1 dimensions, or rank-0 operands).
 
 import math
 
+import jax
 import numpy as np
 from jax import lax
 from jax._src.lax.lax import mulhi_p as _jax_mulhi_p  # not exported by jax.lax
@@ -509,7 +510,8 @@ defjvp_out(bessel_i0e_p,
 
 
 def _bessel_i1e_jvp(t, out, x):
-    eps = scalar_like(x, np.finfo(aval_of(x).dtype).eps)
+    # jax.dtypes.finfo: NumPy's refuses bfloat16 and float8 (NOTE [differentiable dtypes])
+    eps = scalar_like(x, jax.dtypes.finfo(aval_of(x).dtype).eps)
     tiny = le(abs(x), eps)
     safe_x = _where(tiny, eps, x)
     slope = sub(bind(bessel_i0e_p, safe_x),
