@@ -150,3 +150,23 @@ def test_input_checks():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # float64: no warning
         assert gradcheck(lambda a: a * 2.0, (jnp.asarray(X),), check_undefined_grad=False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_inputs_agree_with_torch(dtype):
+    """16-bit inputs are checked as torch checks them (after its warning):
+    x * x at dyadic points with eps = 1/4 is exact, so it passes; sin at the
+    default eps (a step below the dtype's resolution) fails. (bfloat16 was a
+    raw ValueError: NumPy's finfo does not know it.)"""
+    x = [0.5, 1.25, -1.5]
+    tx = torch.tensor(x, dtype=getattr(torch, dtype), requires_grad=True)
+    jx = jnp.asarray(x, getattr(jnp, dtype))
+    for f, tf, kw in ((lambda a: a * a, lambda a: a * a, dict(eps=0.25, atol=1e-2, rtol=1e-2)),
+                      (fnp.sin, torch.sin, {})):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # both warn that the input is not float64
+            want = torch.autograd.gradcheck(tf, (tx,), raise_exception=False, **kw)
+            got = gradcheck(f, (jx,), raise_exception=False, **kw)
+        assert got == want, (f, got, want)
+    with pytest.warns(UserWarning, match="not float64"), pytest.raises(GradcheckError):
+        gradcheck(fnp.sin, (jx,))
