@@ -16,7 +16,7 @@ tolerances.
 import numpy as np
 from jax import tree_util
 
-from .core import aval_of, is_inexact_dtype
+from .core import aval_of, is_inexact_dtype, is_real_float_dtype
 from .transforms.grad import vjp
 from .transforms.jvp import jvp
 
@@ -50,8 +50,14 @@ def _inner(x, y):
 
 
 def _dtype_of(args):
+    """Whose defaults apply: float64's if any input is float64, float16's if
+    any is a 16- or 8-bit float (bfloat16 and float8 included), else float32's."""
     dtypes = [aval_of(x).dtype for x in tree_util.tree_leaves(args)]
-    return np.dtype("float64") if any(d == np.float64 for d in dtypes) else np.dtype("float32")
+    if any(d == np.float64 for d in dtypes):
+        return np.dtype("float64")
+    if any(is_real_float_dtype(d) and np.dtype(d).itemsize <= 2 for d in dtypes):
+        return np.dtype("float16")
+    return np.dtype("float32")
 
 
 def _tolerances(args, eps, atol, rtol):

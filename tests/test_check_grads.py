@@ -7,6 +7,7 @@ import pytest
 import jax.numpy as jnp
 from jax import lax
 
+import functx as fx
 import functx.numpy as fnp
 from functx.core import Primitive, bind
 from functx.interpreters.batching import batch_rules
@@ -62,3 +63,22 @@ def test_catches_a_wrong_transpose_rule():
     check_grads(f, (X,), order=1, modes=("fwd",))  # forward mode is right
     with pytest.raises(AssertionError, match="inner-product"):
         check_grads(f, (X,), order=1, modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_defaults(dtype):
+    """bfloat16 and float16 inputs get float16's loose defaults (finite
+    differences at 16 bits are coarse): correct functions pass to second
+    order, a wrong rule (2 cos x for sin) is still caught. (bfloat16 inputs
+    got float32's defaults, and failed on correct functions.)"""
+    x, w = jnp.asarray([0.7, 1.3, -1.1], dtype), W.astype(dtype)
+    for f in (fnp.sin, fnp.tanh, lambda x: x * x, lambda x: fnp.tanh(w @ x) * fnp.sin(x[0])):
+        check_grads(f, (x,), order=2)
+
+    @fx.custom_jvp
+    def bad_sin(x):
+        return fnp.sin(x)
+
+    bad_sin.defjvps(lambda t, ans, x: 2.0 * fnp.cos(x) * t)
+    with pytest.raises(AssertionError, match="jvp vs finite differences"):
+        check_grads(bad_sin, (x,), order=1, modes=("fwd",))
