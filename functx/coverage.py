@@ -1,8 +1,10 @@
 """Which JAX primitives functx can transform: `python -m functx.coverage`.
 
-Traces every public function of the JAX numerical namespaces on
-representative inputs, collects the primitives their jaxprs emit (inside
-sub-programs too), and reports for each whether functx has its rules:
+Traces every public function of the JAX numerical namespaces, of `jax.lax`
+and of top-level `jax` (transforms are applied to a small function, then
+called) on representative inputs, collects the primitives their jaxprs emit
+(inside sub-programs too), and reports for each whether functx has its
+rules:
 
   eval     an evaluation (lowering onto JAX)
   jvp      a jvp rule
@@ -21,7 +23,10 @@ Each function is called with the arguments of its entry in OVERRIDES, else
 with the first of the generic CANDIDATES that traces. Functions that cannot
 be staged at all (printing, file I/O, results of data-dependent shape,
 metadata such as `shape` or `result_type`) are listed in NOT_TRACEABLE with
-the reason; they are not counted as traced or as failures.
+the reason; they are not counted as traced or as failures. Functions are
+traced with a named axis "i" of size 2 bound, so the collectives of
+`jax.lax` show their primitives; those, and the other primitives functx
+leaves to later work (EXCLUDED), are listed with the reason.
 
 Usage:
   python -m functx.coverage            summary per namespace
@@ -48,13 +53,15 @@ NAMESPACES = {
     "jax.nn": jax.nn,
     "jax.scipy.special": jax.scipy.special,
     "jax.random": jax.random,
+    "jax.lax": jax.lax,
+    "jax": jax,
 }
 
 # Primitives that are no part of a numerical program's derivative: they
 # appear in traces but carry no data dependence functx must transform.
 IGNORED = {
     "pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "composite",
 }
 
 # Statements of what cannot exist, with the reason (primitive -> {mode: why}).
@@ -64,6 +71,34 @@ IMPOSSIBLE = {
     "while": {"reverse": "reverse mode needs the trip count: use functx.lax.scan "
                          "or fori_loop with static bounds"},
     "scaled_matmul_wrapper": {m: _CUDNN_ONLY for m in ("eval", "jvp", "reverse", "batch")},
+    "pure_callback": {m: "a Python callback has no derivative (JAX defines none either): "
+                         "give it one with functx.custom_jvp / custom_vjp"
+                      for m in ("jvp", "reverse")},
+    "scaled_dot": {m: "JAX defines no derivative for the block-scaled product "
+                      "(lax.scaled_dot)" for m in ("jvp", "reverse")},
+    "reduce_window": {"reverse": "a custom computation has no transpose (JAX has none "
+                                 "either); add / max / min with their identity are "
+                                 "recognised as reduce_window_sum / max / min"},
+}
+
+# Primitives functx leaves to later work (primitive -> why).
+_NAMED = "collective over a named axis: named axes and collectives are a later issue"
+_SHARDING = "sharding and device layout (SPEC 7): a later issue"
+_STATE = ("mutable array references (jax.new_ref): state, not a function of values; "
+          "functx transforms pure functions")
+_TOKEN = "ordering tokens for side effects: no array computation to transform"
+EXCLUDED = {
+    **{p: _NAMED for p in (
+        "psum", "pmax", "pmin", "pmean", "axis_index", "all_gather", "all_gather_invariant",
+        "all_to_all", "ppermute", "psum_scatter", "reduce_scatter", "pbroadcast", "pcast",
+        "pvary", "psum_invariant", "ragged_all_to_all", "psend", "precv", "pshuffle",
+        "pswapaxes")},
+    "sharding_constraint": _SHARDING, "reshard": _SHARDING, "mesh_cast": _SHARDING,
+    **{p: _STATE for p in ("new_ref", "mutable_array", "empty_ref", "freeze", "free_ref",
+                           "get", "swap", "addupdate")},
+    "rng_uniform": ("XLA's stateful uniform RNG (lax.rng_uniform, which JAX may remove): JAX "
+                    "defines no derivative or batching rule; draw with jax.random"),
+    "create_token": _TOKEN, "after_all": _TOKEN,
 }
 
 _PRINTING = "printing: formats concrete values on the host"
@@ -88,6 +123,42 @@ NOT_TRACEABLE = {
     },
     "jax.nn": {"get_scaled_dot_general_config": _META + " (a configuration object)"},
     "jax.random": {"key_impl": _META, "key_dtype": _META},
+    "jax.lax": {
+        **{n: _META for n in (
+            "broadcast_shapes", "conv_dimension_numbers", "conv_general_permutations",
+            "conv_general_shape_tuple", "conv_shape_tuple", "conv_transpose_shape_tuple",
+            "padtype_to_pads", "reduce_window_shape_tuple", "dtype", "axis_size")},
+        "pcast": "needs a shard_map context: named axes are a later issue",
+        **{n: "a type annotation, not a function" for n in (
+            "ConvGeneralDilatedDimensionNumbers", "DotDimensionNumbers", "PrecisionLike")},
+    },
+}
+_CONFIG = "configuration: a flag or context manager, no computation"
+_RUNTIME = "runtime: devices, processes, caches or compilation, no computation"
+_NAMED_MAP = "maps over devices or a mesh: named axes and sharding are a later issue"
+NOT_TRACEABLE["jax"] = {
+    **{n: _CONFIG for n in (
+        "allow_f16_reductions", "array_garbage_collection_guard", "auto_pcast",
+        "check_tracer_leaks", "checking_leaks", "debug_infs", "debug_key_reuse", "debug_nans",
+        "default_device", "default_matmul_precision", "default_prng_impl", "disable_jit",
+        "enable_checks", "enable_custom_prng", "enable_x64", "ensure_compile_time_eval",
+        "explain_cache_misses", "jax2tf_associative_scan_reductions", "legacy_prng_key",
+        "log_compiles", "make_user_context", "named_scope", "no_execution", "no_tracing",
+        "numpy_dtype_promotion", "numpy_rank_promotion", "remove_size_one_mesh_axis_from_type",
+        "softmax_custom_jvp", "thread_guard", "threefry_partitionable", "transfer_guard",
+        "transfer_guard_device_to_device", "transfer_guard_device_to_host",
+        "transfer_guard_host_to_device")},
+    **{n: _RUNTIME for n in (
+        "clear_caches", "default_backend", "device_count", "devices", "effects_barrier",
+        "host_count", "host_id", "host_ids", "live_arrays", "local_device_count",
+        "local_devices", "make_mesh", "print_environment_info", "process_count",
+        "process_index", "process_indices")},
+    **{n: _IO for n in ("copy_to_host_async", "device_get", "make_array_from_callback",
+                        "make_array_from_process_local_data",
+                        "make_array_from_single_device_arrays")},
+    **{n: _META for n in ("ds", "eval_shape", "make_jaxpr", "typeof")},
+    **{n: _NAMED_MAP for n in ("pmap", "shard_map", "smap")},
+    "reshard": "needs a mesh: sharding is a later issue (SPEC 7)",
 }
 
 
@@ -234,6 +305,167 @@ OVERRIDES = {
 }
 
 
+def _lhs(a):
+    return a.m.reshape(1, 1, 3, 3)
+
+
+def _rhs(a):
+    return a.m[:2, :2].reshape(1, 1, 2, 2)
+
+
+def _argmax_computation(x, y):
+    take = x[0] >= y[0]
+    return jnp.where(take, x[0], y[0]), jnp.where(take, x[1], y[1])
+
+
+_SCATTER = jax.lax.ScatterDimensionNumbers(
+    update_window_dims=(), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,))
+_GATHER = jax.lax.GatherDimensionNumbers(
+    offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,))
+_scatter = lambda f, a: f(a.v, a.i[:, None], a.v, _SCATTER)  # noqa: E731
+_reduce_over_0 = lambda f, a: f(a.m, (0,))  # noqa: E731
+_bool_reduce = lambda f, a: f(a.b, (0,))  # noqa: E731
+_collective = lambda f, a: f(a.v, "i")  # noqa: E731
+
+OVERRIDES["jax.lax"] = {
+    "after_all": lambda f, a: f(jax.lax.create_token(), jax.lax.create_token()),
+    "all_gather": _collective, "pmax": _collective, "pmean": _collective,
+    "pmin": _collective, "psum": _collective,
+    "psum_scatter": lambda f, a: f(a.x24, "i"),
+    "all_to_all": lambda f, a: f(a.x24, "i", 0, 0),
+    "axis_index": lambda f, a: f("i"),
+    "pbroadcast": lambda f, a: f(a.v, "i", 0),
+    "pcast": lambda f, a: f(a.v, "i", to="varying"),
+    "ppermute": lambda f, a: f(a.v, "i", [(0, 1), (1, 0)]),
+    "pshuffle": lambda f, a: f(a.v, "i", [1, 0]),
+    "pswapaxes": lambda f, a: f(a.x24, "i", 0),
+    "psend": lambda f, a: f(a.v, "i", [(0, 1)]),
+    "precv": lambda f, a: f(jax.lax.create_token(), jax.ShapeDtypeStruct((3,), jnp.float32),
+                            "i", [(0, 1)]),
+    "ragged_all_to_all": lambda f, a: f(
+        a.v, jnp.zeros(3), jnp.array([0, 1], jnp.int32), jnp.array([1, 2], jnp.int32),
+        jnp.array([0, 1], jnp.int32), jnp.array([1, 2], jnp.int32), axis_name="i"),
+    "argmax": lambda f, a: f(a.m, 0, np.int32), "argmin": lambda f, a: f(a.m, 0, np.int32),
+    "associative_scan": lambda f, a: f(jax.lax.add, a.v),
+    "bitcast_convert_type": lambda f, a: f(a.v, jnp.int32),
+    "broadcast_in_dim": lambda f, a: f(a.v, (2, 3), (1,)),
+    "broadcasted_iota": lambda f, a: f(jnp.int32, (2, 3), 1),
+    "composite": lambda f, a: f(lambda x: jnp.sin(x) * 2, "functx.coverage_op")(a.v),
+    "concatenate": lambda f, a: f([a.v, a.v], 0),
+    "cond": lambda f, a: f(a.s > 0, jnp.sin, jnp.cos, a.v),
+    "conv": lambda f, a: f(_lhs(a), _rhs(a), (1, 1), "VALID"),
+    "conv_general_dilated": lambda f, a: f(_lhs(a), _rhs(a), (1, 1), "VALID"),
+    "conv_general_dilated_local": lambda f, a: f(
+        _lhs(a), jnp.ones((1, 4, 2, 2), jnp.float32), (1, 1), "VALID", (2, 2)),
+    "conv_general_dilated_patches": lambda f, a: f(_lhs(a), (2, 2), (1, 1), "VALID"),
+    "conv_transpose": lambda f, a: f(_lhs(a), _rhs(a), (1, 1), "VALID",
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW")),
+    "conv_with_general_padding": lambda f, a: f(_lhs(a), _rhs(a), (1, 1), ((0, 0), (0, 0)),
+                                                (1, 1), (1, 1)),
+    "convert_element_type": lambda f, a: f(a.v, jnp.int32),
+    "custom_linear_solve": lambda f, a: f(lambda x: a.m @ x, a.v,
+                                          lambda mv, b: jnp.linalg.solve(a.m, b)),
+    "custom_root": lambda f, a: f(lambda x: x * x - a.v, a.v, lambda g, x0: jnp.sqrt(a.v),
+                                  lambda g, y: y / (2 * jnp.sqrt(a.v))),
+    "dot_general": lambda f, a: f(a.m, a.m, (((1,), (0,)), ((), ()))),
+    "dynamic_slice": lambda f, a: f(a.v, (a.i[0],), (2,)),
+    "dynamic_slice_in_dim": lambda f, a: f(a.v, a.i[0], 2),
+    "dynamic_update_index_in_dim": lambda f, a: f(a.m, a.v, a.i[0], 0),
+    "dynamic_update_slice": lambda f, a: f(a.v, a.v[:2], (a.i[0],)),
+    "dynamic_update_slice_in_dim": lambda f, a: f(a.v, a.v[:2], a.i[0], 0),
+    "empty": lambda f, a: f((3,), jnp.float32),
+    "expand_dims": lambda f, a: f(a.v, (0,)),
+    "fft": lambda f, a: f(a.c, jax.lax.FftType.FFT, (3,)),
+    "fori_loop": lambda f, a: f(0, 3, lambda i, x: x * a.s, a.v),
+    "full": lambda f, a: f((3,), a.s),
+    "gather": lambda f, a: f(a.v, a.i[:, None], _GATHER, (1,)),
+    "imag": _C, "real": _C,
+    "index_take": lambda f, a: f(a.m, (a.i,), (0,)),
+    "iota": lambda f, a: f(jnp.int32, 3),
+    "map": lambda f, a: f(jnp.sin, a.v),
+    "optimization_barrier": lambda f, a: f((a.v, a.m)),
+    "pad": lambda f, a: f(a.v, a.s, ((1, 1, 0),)),
+    "platform_dependent": lambda f, a: f(a.v, cpu=jnp.sin, default=jnp.cos),
+    "ragged_dot": lambda f, a: f(jnp.concatenate([a.m, a.m[:1]]),
+                                 jnp.stack([a.m[:, :2], a.m[:, 1:]]),
+                                 jnp.array([1, 3], jnp.int32)),
+    "ragged_dot_general": lambda f, a: f(
+        jnp.concatenate([a.m, a.m[:1]]), jnp.stack([a.m[:, :2], a.m[:, 1:]]),
+        jnp.array([1, 3], jnp.int32), jax.lax.RaggedDotDimensionNumbers(
+            dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
+            rhs_group_dimensions=[0])),
+    # a monoid, a custom computation, and a variadic one (value and index)
+    "reduce": lambda f, a: (f(a.m, np.float32(0), jax.lax.add, (0,)),
+                            f(a.v, np.float32(1), lambda x, y: x * y, (0,)),
+                            f((a.v, a.i), (np.float32(-np.inf), np.int32(0)),
+                              _argmax_computation, (0,))),
+    "reduce_and": _bool_reduce, "reduce_or": _bool_reduce, "reduce_xor": _bool_reduce,
+    "reduce_max": _reduce_over_0, "reduce_min": _reduce_over_0,
+    "reduce_prod": _reduce_over_0, "reduce_sum": _reduce_over_0,
+    "reduce_precision": lambda f, a: f(a.v, 5, 10),
+    # max pooling, and a custom computation
+    "reduce_window": lambda f, a: (f(a.m, -np.inf, jax.lax.max, (2, 2), (1, 1), "VALID"),
+                                   f(a.m, np.float32(1), jax.lax.mul, (2, 2), (1, 1),
+                                     "VALID")),
+    "rev": lambda f, a: f(a.v, (0,)),
+    "rng_uniform": lambda f, a: f(np.float32(0), np.float32(1), (3,)),
+    "scan": lambda f, a: f(lambda c, x: (c + x, c * x), a.s, a.v),
+    "scatter": _scatter, "scatter_add": _scatter, "scatter_max": _scatter,
+    "scatter_min": _scatter, "scatter_mul": _scatter, "scatter_sub": _scatter,
+    "scatter_apply": lambda f, a: f(a.v, a.i[:, None], jnp.sin, _SCATTER, update_shape=(3,)),
+    "rng_bit_generator": lambda f, a: f(jnp.zeros(4, jnp.uint32), (3,)),
+    "select": lambda f, a: f(a.b, a.v, a.v),
+    "slice": lambda f, a: f(a.v, (0,), (2,)),
+    "slice_in_dim": lambda f, a: f(a.v, 0, 2),
+    "split": lambda f, a: f(a.v, (1, 2)),
+    "squeeze": lambda f, a: f(a.v[None], (0,)),
+    "switch": lambda f, a: f(a.i[0], [jnp.sin, jnp.cos], a.v),
+    "tile": lambda f, a: f(a.v, (2,)),
+    "transpose": lambda f, a: f(a.m, (1, 0)),
+    "while_loop": lambda f, a: f(lambda x: x.sum() < 10, lambda x: x * 2, a.v),
+    "with_sharding_constraint": lambda f, a: f(
+        a.v, jax.sharding.SingleDeviceSharding(jax.devices()[0])),
+}
+
+_unary_transform = lambda f, a: f(jnp.sin)(a.v)  # noqa: E731
+_scalar_transform = lambda f, a: f(jnp.sin)(a.s)  # noqa: E731
+
+
+def _fwd_and_bwd(f, a):
+    fwd, bwd = f(jnp.sin, 0, jitted=False)
+    y, residuals = fwd(a.v)
+    return bwd(residuals, y)
+
+
+def _closure_convert(f, a):
+    fn, consts = f(lambda x: jnp.sin(x) * a.v, a.v)
+    return fn(a.v, *consts)
+
+
+OVERRIDES["jax"] = {
+    "checkpoint": _unary_transform, "remat": _unary_transform, "jit": _unary_transform,
+    "named_call": _unary_transform, "jacfwd": _unary_transform, "jacrev": _unary_transform,
+    "jacobian": _unary_transform, "vmap": _unary_transform,
+    "grad": _scalar_transform, "value_and_grad": _scalar_transform,
+    "hessian": lambda f, a: f(lambda x: jnp.sin(x).sum())(a.v),
+    "jvp": lambda f, a: f(jnp.sin, (a.v,), (a.v,)),
+    "vjp": lambda f, a: f(jnp.sin, a.v)[1](a.v),
+    "linearize": lambda f, a: f(jnp.sin, a.v)[1](a.v),
+    "linear_transpose": lambda f, a: f(lambda x: 2 * x, a.v)(a.v),
+    "custom_gradient": lambda f, a: f(lambda x: (jnp.sin(x), lambda g: g * jnp.cos(x)))(a.s),
+    "closure_convert": _closure_convert,
+    "fwd_and_bwd": _fwd_and_bwd,
+    "block_until_ready": lambda f, a: f(a.v),
+    "device_put": lambda f, a: (f(a.v), f((a.v, a.m), jax.devices()[0])),
+    "pure_callback": lambda f, a: f(np.sin, jax.ShapeDtypeStruct((3,), np.float32), a.v,
+                                    vmap_method="sequential"),
+    "new_ref": lambda f, a: jax.freeze(f(a.v)),
+    "freeze": lambda f, a: f(jax.new_ref(a.v)),
+    "empty_ref": lambda f, a: jax.freeze(f(jax.typeof(a.v))),
+    "free_ref": lambda f, a: f(jax.new_ref(a.v)),
+}
+
+
 def _prims_of(jaxpr, into, with_operands):
     for eqn in jaxpr.eqns:
         into.add(eqn.primitive.name)
@@ -252,7 +484,7 @@ def trace_call(fn, call, arrays):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return jax.make_jaxpr(run)(*arrays.values())
+        return jax.make_jaxpr(run, axis_env=[("i", 2)])(*arrays.values())
 
 
 def public_functions(module):
@@ -267,17 +499,17 @@ def public_functions(module):
     return names
 
 
-def trace_namespace(ns, module, with_operands=None):
+def trace_namespace(ns, module, with_operands=None, names=None):
     """({function: set of primitive names} for the functions that trace,
     {function: error} for those that did not, {function: reason} for those
     declared not traceable). Primitives seen with operands are added to
-    `with_operands`."""
+    `with_operands`. `names`: only these functions (default: all public)."""
     arrays = _representatives()
     overrides = OVERRIDES.get(ns, {})
     skip = NOT_TRACEABLE.get(ns, {})
     with_operands = set() if with_operands is None else with_operands
     traced, failed, untraceable = {}, {}, {}
-    for name in public_functions(module):
+    for name in public_functions(module) if names is None else names:
         if name in skip:
             untraceable[name] = skip[name]
             continue
@@ -287,7 +519,7 @@ def trace_namespace(ns, module, with_operands=None):
             try:
                 closed = trace_call(fn, call, arrays)
             except Exception as e:  # noqa: BLE001 - wrong arguments: try the next call
-                failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                failed[name] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
                 continue
             prims = set()
             _prims_of(closed.jaxpr, prims, with_operands)
@@ -327,10 +559,17 @@ def rule_status(prim_name, operand_free=False):
         status["batch"] = fx in batch_rules
     for mode, why in IMPOSSIBLE.get(prim_name, {}).items():
         status[mode] = why  # (while's jvp rule exists; its reverse mode raises)
+    if prim_name in EXCLUDED:
+        for mode in status:
+            if status[mode] is False:
+                status[mode] = EXCLUDED[prim_name]
     if operand_free:
         for mode in ("jvp", "reverse", "batch"):
             if not status[mode]:
                 status[mode] = "no operands: never differentiated or batched"
+        if not status["eval"]:
+            status["eval"] = ("no operands: lifting evaluates it with JAX's own primitive "
+                              "(it never meets a functx value)")
     return status
 
 

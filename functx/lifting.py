@@ -40,6 +40,8 @@ _INLINE_PARAM = {
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
     "custom_vjp_call_jaxpr": "fun_jaxpr",
+    # lax.composite: a named call whose meaning is its decomposition
+    "composite": "jaxpr",
 }
 
 

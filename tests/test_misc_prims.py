@@ -541,3 +541,52 @@ def test_pure_callback_with_integer_results_has_a_zero_derivative():
 
     x = jnp.asarray(rng.normal(size=3))
     close(fx.grad(fx.lift(f))(x), jax.grad(lambda a: (a[jnp.argsort(a)] * jnp.arange(3.0)).sum())(x))
+
+
+# --------------------------------------------------------------------------
+# Primitives the inventory of jax.lax found (python -m functx.coverage)
+
+
+def test_ragged_dot_under_every_transform_matches_jax():
+    lhs, rhs = jnp.asarray(rng.normal(size=(5, 3))), jnp.asarray(rng.normal(size=(2, 3, 4)))
+    groups = jnp.array([2, 3], jnp.int32)
+    f = lambda a, b: lax.ragged_dot(a, b, groups)  # noqa: E731
+    F = fx.lift(f)
+    loss = lambda g: lambda a, b: (g(a, b) ** 2).sum()  # noqa: E731
+    lhs2, rhs2 = jnp.stack([lhs, 2 * lhs]), jnp.stack([rhs, -rhs])
+
+    @jax.jit
+    def run(lhs, rhs, lhs2, rhs2):
+        got = (fx.jvp(F, (lhs, rhs), (lhs2[1], rhs2[1])),
+               fx.grad(loss(F), argnums=(0, 1))(lhs, rhs),
+               # JAX batches it only with every operand batched: compared with a loop
+               fx.vmap(F, in_dims=(0, None))(lhs2, rhs),
+               fx.vmap(fx.grad(loss(F), argnums=1), in_dims=(None, 0))(lhs, rhs2))
+        want = (jax.jvp(f, (lhs, rhs), (lhs2[1], rhs2[1])),
+                jax.grad(loss(f), argnums=(0, 1))(lhs, rhs),
+                jnp.stack([f(lhs2[k], rhs) for k in range(2)]),
+                jnp.stack([jax.grad(loss(f), argnums=1)(lhs, rhs2[k]) for k in range(2)]))
+        return got, want
+
+    got, want = run(lhs, rhs, lhs2, rhs2)
+    close(got, want)
+
+
+def test_composite_is_its_decomposition_under_transforms():
+    # JAX refuses to differentiate lax.composite; lifting inlines the decomposition
+    f = lambda x: lax.composite(lambda y: jnp.sin(y) * y, "functx.test_op")(x)  # noqa: E731
+    g = lambda x: jnp.sin(x) * x  # noqa: E731
+    x = jnp.asarray(rng.normal(size=3))
+    close(fx.grad(lambda y: fx.lift(f)(y).sum())(x), jax.grad(lambda y: g(y).sum())(x))
+    close(fx.vmap(fx.jacfwd(fx.lift(f)))(x[:, None]), jax.vmap(jax.jacfwd(g))(x[:, None]))
+
+
+def test_rng_bit_generator_and_scaled_dot_under_vmap():
+    # JAX has no batching rule for rng_bit_generator: one key at a time
+    keys = jnp.asarray(rng.integers(0, 2**31, size=(3, 4)), jnp.uint32)
+    draw = lambda k: lax.rng_bit_generator(k, (2,))  # noqa: E731
+    got = fx.vmap(fx.lift(draw))(keys)
+    close(list(got), [jnp.stack(z) for z in zip(*[draw(k) for k in keys])])
+    m = jnp.asarray(rng.normal(size=(2, 3, 32)), jnp.float32)
+    dot = lambda a, b: lax.scaled_dot(a, b)  # noqa: E731
+    close(fx.vmap(fx.lift(dot))(m, m.transpose(0, 2, 1)), jax.vmap(dot)(m, m.transpose(0, 2, 1)))

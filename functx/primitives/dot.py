@@ -1,16 +1,24 @@
-"""dot_general: contraction with batch dimensions (matmul, einsum, dot).
+"""dot_general: contraction with batch dimensions (matmul, einsum, dot);
+ragged_dot_general (grouped products) and scaled_dot (block-scaled).
 
 Output layout (as lax): batch dimensions, then the lhs free dimensions,
 then the rhs free dimensions, each in increasing axis order.
 """
 
+import functools
+import importlib
+
+import jax
 import numpy as np
 from jax import lax
+from jax._src.lax import lax as _jax_lax
 
 from ..core import Aval, aval_of, bind
+from ..lifting import call_lifted
 from .common import (
     basis_rules,
     batch_rules,
+    bdim_to_front,
     defjvp,
     defprim,
     is_linear,
@@ -20,6 +28,9 @@ from .common import (
 )
 from . import structural as st
 from .elementwise import convert_element_type
+
+# (the package jax._src.lax exports a function of the module's name)
+_jax_scaled_dot = importlib.import_module("jax._src.lax.scaled_dot")
 
 dot_general_p = defprim("dot_general", lax.dot_general_p)
 
@@ -256,3 +267,76 @@ def _dot_basis(size, vals, dims, bases, *, dimension_numbers, precision, preferr
 
 
 basis_rules[dot_general_p] = _dot_basis
+
+# --------------------------------------------------------------------------
+# ragged_dot_general (lax.ragged_dot: grouped matmuls of mixture-of-experts
+# layers) and scaled_dot (a block-scaled low-precision product). Their
+# layouts are intricate, so their transpose and batching are JAX's, lifted
+# (NOTE [rules borrowed from JAX] in conv.py).
+
+ragged_dot_general_p = defprim("ragged_dot_general", _jax_lax.ragged_dot_general_p)
+scaled_dot_p = defprim("scaled_dot", _jax_scaled_dot.scaled_dot_p)
+
+# bilinear in lhs and rhs; the group sizes are integers
+defjvp(
+    ragged_dot_general_p,
+    lambda t, lhs, rhs, groups, **p: bind(ragged_dot_general_p, t, rhs, groups, **p),
+    lambda t, lhs, rhs, groups, **p: bind(ragged_dot_general_p, lhs, t, groups, **p),
+    None,
+)
+
+
+@functools.lru_cache(maxsize=256)
+def _ragged_transposer(which, aval, items):
+    """`(ct, other, groups) -> cotangent of operand `which`` as a JAX function."""
+    params = dict(items)
+    struct = jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+
+    def transpose(ct, other, groups):
+        def apply(x):
+            lhs, rhs = (x, other) if which == 0 else (other, x)
+            return _jax_lax.ragged_dot_general_p.bind(lhs, rhs, groups, **params)
+
+        return jax.linear_transpose(apply, struct)(ct)[0]
+
+    return transpose
+
+
+def _ragged_transpose(ct, lhs, rhs, groups, **params):
+    items = tuple(sorted(params.items()))
+    out = [None, None, None]
+    if is_linear(lhs):
+        out[0] = call_lifted(_ragged_transposer(0, lhs.aval, items), (ct, rhs, groups), {})
+    if is_linear(rhs):
+        out[1] = call_lifted(_ragged_transposer(1, rhs.aval, items), (ct, lhs, groups), {})
+    return out
+
+
+transpose_rules[ragged_dot_general_p] = _ragged_transpose
+
+
+@functools.lru_cache(maxsize=256)
+def _borrowed_batched(jax_prim, dims, items):
+    return jax.vmap(functools.partial(jax_prim.bind, **dict(items)), in_axes=dims)
+
+
+def _borrowed_batch(jax_prim, batch_all):
+    """JAX's batching of `jax_prim`, lifted, with the batch axes in front;
+    `batch_all`: every operand batched (JAX batches ragged_dot_general only
+    so: with one operand unbatched it raises NotImplementedError)."""
+
+    def rule(size, vals, dims, **params):
+        if batch_all:
+            vals = tuple(bdim_to_front(v, d, size) for v, d in zip(vals, dims))
+            dims = (0,) * len(vals)
+        else:
+            vals = tuple(v if d is None else moveaxis(v, d, 0) for v, d in zip(vals, dims))
+            dims = tuple(None if d is None else 0 for d in dims)
+        fn = _borrowed_batched(jax_prim, dims, tuple(sorted(params.items())))
+        return call_lifted(fn, vals, {}), 0
+
+    return rule
+
+
+batch_rules[ragged_dot_general_p] = _borrowed_batch(_jax_lax.ragged_dot_general_p, True)
+batch_rules[scaled_dot_p] = _borrowed_batch(_jax_scaled_dot.scaled_dot_p, False)

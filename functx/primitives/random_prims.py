@@ -1,5 +1,5 @@
 """JAX's random primitives: making, splitting and wrapping keys, drawing
-bits, and gamma samples.
+bits (also lax.rng_bit_generator's), and gamma samples.
 
 Every `jax.random` function reduces to these plus ordinary array
 operations (`normal` is `random_bits`, shifts, a bitcast and `erf_inv`;
@@ -27,6 +27,7 @@ import functools
 
 import jax
 import numpy as np
+from jax._src.lax import lax as _jax_lax
 from jax._src.lax.special import random_gamma_grad as _jax_random_gamma_grad
 from jax._src.random import core as _jrandom
 from jax._src.random import prng as _jprng
@@ -254,3 +255,23 @@ def _gamma_batch(size, vals, dims, *, log_space):
 
 jvp_rules[random_gamma_p] = _gamma_jvp
 batch_rules[random_gamma_p] = _gamma_batch
+
+# --------------------------------------------------------------------------
+# rng_bit_generator (lax.rng_bit_generator, the `rbg` PRNG): (key, bits) from
+# a raw key. Integer outputs: zero tangents. JAX has no batching rule for it;
+# a batched key draws one batch element at a time, in a scan.
+
+rng_bit_generator_p = defprim("rng_bit_generator", _jax_lax.rng_bit_generator_p,
+                              multiple_results=True)
+defzero_jvp(rng_bit_generator_p)
+
+
+def _bit_generator_batch(size, vals, dims, **params):
+    from .. import lax as fxlax
+
+    keys = bdim_to_front(vals[0], dims[0], size)
+    outs = fxlax.map(lambda key: bind(rng_bit_generator_p, key, **params), keys)
+    return list(outs), [0, 0]
+
+
+batch_rules[rng_bit_generator_p] = _bit_generator_batch
