@@ -64,9 +64,11 @@ def _barrier_jvp(primals, tangents):
 
 
 def _barrier_transpose(cts, *args):
-    through = _barrier_of_nonzero(cts)
-    return [(None if type(c) is Zero else c) if is_linear(a) else None
-            for c, a in zip(through, args)]
+    keep = [is_linear(a) and type(c) is not Zero for c, a in zip(cts, args)]
+    if not any(keep):
+        return [None] * len(args)
+    back = iter(bind(optimization_barrier_p, *[c for c, k in zip(cts, keep) if k]))
+    return [next(back) if k else None for k in keep]
 
 
 jvp_rules[optimization_barrier_p] = _barrier_jvp
