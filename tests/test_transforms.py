@@ -631,3 +631,198 @@ def test_edge_structures():
     got = fx.vmap(lambda x: fx.jvp(fx.vmap(fnp.sin), (XS,), (XS * x[0],))[1])(XS)
     want = jax.vmap(lambda x: jax.jvp(jax.vmap(jnp.sin), (XS,), (XS * x[0],))[1])(XS)
     close(got, want)
+
+
+# --------------------------------------------------------------------------
+# JAX's contracts for results and the functions transforms return (issue 15)
+
+
+def test_jacrev_of_an_integer_output_raises_as_jax_and_torch_do():
+    torch = pytest.importorskip("torch")
+
+    def f(x):
+        return (x > 0).astype(jnp.int32)
+
+    with pytest.raises(TypeError):
+        jax.jacrev(f)(X)
+    with pytest.raises(RuntimeError, match="floating-point"):
+        torch.func.jacrev(lambda t: (t > 0).to(torch.int32))(torch.tensor(np.asarray(X)))
+    with pytest.raises(fx.FunctxTypeError, match=r"jacrev\(.*int32.*astype\(float\)"):
+        fx.jacrev(f)(X)
+    with pytest.raises(fx.FunctxTypeError, match=r"output\[1\] has dtype bool"):
+        fx.jacrev(lambda x: (x * 2, x > 0))(X)
+    # forward mode has zeros for it, as JAX's (and torch's) jacfwd
+    got, want = fx.jacfwd(f)(X), jax.jacfwd(f)(X)
+    assert got.dtype == want.dtype
+    close(got, want)
+
+
+def _weak(tree):
+    """(dtype, weak_type) per array leaf; None for the Python scalars JAX
+    returns unconverted (functx returns arrays there)."""
+    return [(a.dtype, a.weak_type) if isinstance(a, jax.Array) else None
+            for a in tree_util.tree_leaves(tree)]
+
+
+_STRONG = np.float64(2.0)
+_WEAK_FNS = {
+    "identity": lambda x: x,
+    "scale": lambda x: x * 2.0,
+    "sin": lambda x: fnp.sin(x) * x,
+    "strong_const": lambda x: x * _STRONG,
+    "unused": lambda x: 3.0 * fnp.ones(()),
+    "astype": lambda x: (x * 2.0).astype(jnp.float32).astype(jnp.float64),
+    "pair": lambda x: (x * 2.0, fnp.sin(x) * _STRONG),
+}
+
+
+@pytest.mark.parametrize("x", [1.5, jnp.float64(1.5)], ids=["python", "strong"])
+def test_results_keep_jaxs_weak_types(x):
+    # (a Python float is weakly typed, also as a jit argument)
+    def results(m, f, x):
+        jvp_ = m.jvp(f, (x,), (x,))
+        _, vjp_fn = m.vjp(f, x)
+        ct = tree_util.tree_map(jnp.ones_like, jax.vjp(f, x)[0])
+        lin = m.linearize(f, x)[1](x)
+        r = [m.jacfwd(f)(x), m.jacrev(f)(x), m.hessian(f)(x), jvp_, vjp_fn(ct), lin]
+        if not isinstance(jax.eval_shape(f, x), tuple):
+            r += [m.grad(f)(x), m.grad(m.grad(f))(x)]
+        return r
+
+    for name, f in _WEAK_FNS.items():
+        want = staged(lambda x, f=f: results(jax, f, x))(x)
+        got = staged(lambda x, f=f: results(fx, f, x))(x)
+        for k, (w, g) in enumerate(zip(want, got)):
+            pairs = [(a, b) for a, b in zip(_weak(w), _weak(g)) if a is not None]
+            assert all(a == b for a, b in pairs), (name, k, pairs)
+    # the blocks of a Jacobian are cast to the leaf JAX casts them to, whatever
+    # the rules in between did (tanh's derivative, a where, a strong constant)
+    for f in (lambda x: fnp.tanh(x) * _STRONG, lambda x: fnp.where(x > 0, x, 0.0)):
+        for jac, jjac in ((fx.jacrev, jax.jacrev), (fx.jacfwd, jax.jacfwd), (fx.hessian, jax.hessian)):
+            assert _weak(jac(f)(x)) == _weak(jjac(f)(x))
+
+
+def f_res(x):
+    return fnp.sin(x) * fnp.exp(x[::-1])
+
+
+def test_vjp_fn_and_jvp_fn_are_pytrees():
+    ct = jnp.linspace(-1.0, 1.0, 3)
+    want_ct = jax.vjp(f_res, X)[1](ct)
+    want_t = jax.linearize(f_res, X)[1](V)
+    # returned from jax.jit (and functx.jit), then called twice
+    for jit in (jax.jit, fx.jit):
+        vjp_fn = jit(lambda x: fx.vjp(f_res, x)[1])(X)
+        close(vjp_fn(ct), want_ct)
+        close(vjp_fn(ct), want_ct)
+        jvp_fn = jit(lambda x: fx.linearize(f_res, x)[1])(X)
+        close(jvp_fn(V), want_t)
+        close(jvp_fn(V), want_t)
+    # their leaves are the residuals (arrays), the rest is static
+    _, vjp_fn = fx.vjp(f_res, X)
+    leaves, treedef = tree_util.tree_flatten(vjp_fn)
+    assert leaves and all(isinstance(a, jax.Array) for a in leaves)
+    close(tree_util.tree_unflatten(treedef, leaves)(ct), want_ct)
+    close(tree_util.tree_map(lambda a: a + 0.0, vjp_fn)(ct), want_ct)
+    # passed into jax.jit as an argument, and mapped over by vmap inside
+    close(jax.jit(lambda g, c: g(c))(vjp_fn, ct), want_ct)
+    cts = jnp.stack([ct, 2 * ct])
+    close(fx.vmap(vjp_fn)(cts), jax.vmap(jax.vjp(f_res, X)[1])(cts))
+    # returned as aux from an outer transform: its residuals are unboxed
+    def outer(x):
+        _, fn = fx.vjp(lambda y: fnp.sin(y) * x, x)
+        return fnp.sum(fn(ct)[0]), fn
+    close(fx.grad(outer, has_aux=True)(X)[1](ct), jax.vjp(lambda y: jnp.sin(y) * X, X)[1](ct))
+    # a function that left a vmap holds batched residuals: refused when called
+    batched = fx.vmap(lambda x: fx.vjp(f_res, x)[1])(XS)
+    with pytest.raises(fx.FunctxValueError, match=r"vjp_fn\(cotangents\).*f64\[5,3\].*f64\[3\]"):
+        batched(ct)
+
+
+def test_linearize_has_aux_matches_jax():
+    def f(x):
+        return fnp.sin(x) * x, {"norm": fnp.sum(x ** 2), "n": 3}
+
+    out, jvp_fn, aux = fx.linearize(f, X, has_aux=True)
+    j_out, j_jvp_fn, j_aux = jax.linearize(f, X, has_aux=True)
+    close(out, j_out)
+    close(aux, j_aux)
+    close(jvp_fn(V), j_jvp_fn(V))
+
+
+Z = jnp.asarray([1.0 + 2.0j, 0.5 - 1.0j])
+
+
+def test_holomorphic_matches_jax():
+    def f(z):
+        return z ** 2 * fnp.sin(z)
+
+    for jac, jjac in ((fx.jacrev, jax.jacrev), (fx.jacfwd, jax.jacfwd), (fx.hessian, jax.hessian)):
+        close(jac(f, holomorphic=True)(Z), jjac(f, holomorphic=True)(Z))
+    s = lambda z: fnp.sum(f(z))
+    close(fx.grad(s, holomorphic=True)(Z), jax.grad(s, holomorphic=True)(Z))
+    close(fx.grad_and_value(s, holomorphic=True)(Z),
+          jax.value_and_grad(s, holomorphic=True)(Z)[::-1])
+    close(fx.vjp(f, Z, holomorphic=True)[1](jnp.ones_like(Z)), jax.vjp(f, Z)[1](jnp.ones_like(Z)))
+    # without holomorphic=True, complex outputs (grad, jacrev) and complex
+    # inputs (jacfwd) are refused, as in JAX; real outputs of complex inputs
+    # are not
+    for bad, jbad in ((fx.grad(s), jax.grad(s)), (fx.jacrev(f), jax.jacrev(f)),
+                      (fx.jacfwd(f), jax.jacfwd(f))):
+        with pytest.raises(TypeError):
+            jbad(Z)
+        with pytest.raises(fx.FunctxTypeError, match="holomorphic=True"):
+            bad(Z)
+    r = lambda z: fnp.abs(z) ** 2
+    close(fx.jacrev(r)(Z), jax.jacrev(r)(Z))
+
+
+def test_allow_int_matches_jax():
+    n = jnp.arange(3)
+
+    def f(x, n, flag):
+        return fnp.sum(x * n)
+
+    def check(got, want):
+        gl, wl = tree_util.tree_leaves(got), tree_util.tree_leaves(want)
+        assert tree_util.tree_structure(got) == tree_util.tree_structure(want)
+        for a, b in zip(gl, wl):
+            assert (a.dtype, np.shape(a)) == (b.dtype, np.shape(b))
+            if a.dtype != jax.dtypes.float0:
+                close(a, b)
+
+    args = (X, n, n > 0)
+    nums = (0, 1, 2)
+    check(fx.grad(f, argnums=nums, allow_int=True)(*args),
+          jax.grad(f, argnums=nums, allow_int=True)(*args))
+    check(fx.grad_and_value(f, argnums=nums, allow_int=True)(*args),
+          jax.value_and_grad(f, argnums=nums, allow_int=True)(*args)[::-1])
+    g = lambda x, n, flag: x * n
+    # (JAX's jacrev fails on a bool input: it casts float0 rows to bool)
+    check(fx.jacrev(g, argnums=(0, 1), allow_int=True)(*args),
+          jax.jacrev(g, argnums=(0, 1), allow_int=True)(*args))
+    check(fx.vjp(g, *args, allow_int=True)[1](X), jax.vjp(g, *args)[1](X))
+    key = jax.random.key(0)
+    check(fx.grad(lambda x, k: fnp.sum(x), argnums=(0, 1), allow_int=True)(X, key),
+          jax.grad(lambda x, k: jnp.sum(x), argnums=(0, 1), allow_int=True)(X, key))
+    # by default an integer input is refused, as torch.func refuses it
+    with pytest.raises(fx.FunctxTypeError, match="allow_int=True"):
+        fx.grad(f, argnums=1)(*args)
+    with pytest.raises(fx.FunctxTypeError, match="dtype int"):
+        fx.vjp(g, *args)
+
+
+def test_jacobians_of_functions_without_outputs():
+    # jacrev and hessian give what jacfwd gives (the empty structure)
+    for f in (lambda x: None, lambda x: (), lambda x: {"a": None, "b": ()}):
+        want = fx.jacfwd(f)(X)
+        assert want == jax.jacfwd(f)(X)
+        assert fx.jacrev(f)(X) == want
+        assert fx.hessian(f)(X) == want
+    jac, aux = fx.jacrev(lambda x: (None, fnp.sum(x)), has_aux=True)(X)
+    assert jac is None
+    close(aux, jnp.sum(X))
+    assert fx.vmap(fx.jacrev(lambda x: None))(XS) is None
+    # and no differentiated leaves (an empty dict) is no IndexError either
+    assert fx.jacfwd(lambda d, y: y * 2)({}, X) == {}
+    assert fx.jacrev(lambda d, y: y * 2)({}, X) == {}

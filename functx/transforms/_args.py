@@ -6,7 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-from ..core import Aval, Tracer, aval_of, is_inexact_dtype, is_key_dtype
+from ..core import (
+    Aval,
+    Tracer,
+    aval_of,
+    is_complex_dtype,
+    is_inexact_dtype,
+    is_key_dtype,
+)
 from ..errors import FunctxTypeError, FunctxValueError
 
 
@@ -47,7 +54,12 @@ def normalize_argnums(argnums, nargs, call):
             )
         out.append(a % nargs)
     if len(set(out)) != len(out):
-        raise FunctxValueError(f"{call}: argnums={argnums!r} names an argument twice.")
+        twice = sorted({a for a in out if out.count(a) > 1})
+        raise FunctxValueError(
+            f"{call}: argnums={argnums!r} names argument{'s' if len(twice) > 1 else ''} "
+            f"{', '.join(map(str, twice))} twice (negative indices count from the end). "
+            f"List each argument once, e.g. argnums={tuple(sorted(set(out)))!r}."
+        )
     return tuple(out), single
 
 
@@ -66,20 +78,25 @@ def as_array(x, call, what):
 _ARRAYS = (Tracer, jax.Array, np.ndarray, np.generic)
 
 
-def differentiable_leaves(args, call, names):
+def differentiable_leaves(args, call, names, allow_int=None, holomorphic=False):
     """Flatten the differentiated arguments `args` (a tuple; `names[i]` names
     args[i] in messages) and decide, leaf by leaf, what is differentiated.
 
     Arrays (and Python floats) are differentiated and must be floating point
-    (TypeError otherwise, SPEC section 5). Other leaves nested in a pytree
-    (Python ints and bools, functions, strings: an Equinox module's
-    configuration) are passed through unchanged and get None as their
-    derivative. An argument that is itself a non-float value is an error.
+    (TypeError otherwise, SPEC section 5); with `holomorphic`, complex (as
+    JAX's holomorphic=True). Other leaves nested in a pytree (Python ints and
+    bools, functions, strings: an Equinox module's configuration) are passed
+    through unchanged and get None as their derivative. An argument that is
+    itself a non-float value is an error, unless `allow_int`: then integer,
+    bool and key arrays (and such a whole argument) are passed through and
+    get float0 zeros as derivative, as in JAX. (`allow_int=None`: the
+    transform has no such option, and its messages do not offer it.)
 
-    Returns (leaves, treedef, mask): the leaves (differentiated ones as
-    arrays) and a bool per leaf, True where it is differentiated.
+    Returns (leaves, treedef, mask, ints): the leaves (differentiated ones as
+    arrays), a bool per leaf, True where it is differentiated, and a bool per
+    leaf, True for an integer leaf let through by `allow_int`.
     """
-    leaves, mask = [], []
+    leaves, mask, ints = [], [], []
     for arg, name in zip(args, names):
         with_paths, _ = tree_util.tree_flatten_with_path(arg)
         whole = len(with_paths) == 1 and not with_paths[0][0]
@@ -88,20 +105,34 @@ def differentiable_leaves(args, call, names):
             if isinstance(x, _ARRAYS) or type(x) in (float, complex) or whole:
                 x = as_array(x, call, where)
                 a = aval_of(x)
+                if holomorphic and not is_complex_dtype(a.dtype):
+                    raise FunctxTypeError(
+                        f"{call}: with holomorphic=True every differentiated input must be "
+                        f"complex, but {where} has dtype {a.dtype.name}. Convert it with "
+                        ".astype(complex), or drop holomorphic=True for real inputs."
+                    )
                 # (a key's extended dtype is no NumPy dtype: NOTE [key dtypes])
                 if not is_inexact_dtype(a.dtype):
+                    if allow_int:
+                        leaves.append(x)
+                        mask.append(False)
+                        ints.append(True)
+                        continue
                     raise FunctxTypeError(
                         f"{call}: {where} has dtype {a.dtype.name}; only floating-point "
                         "inputs can be differentiated. Convert it with .astype(float), or "
                         "leave it out of argnums (close over it instead)."
+                        + (" To get a float0 (zero) derivative for it, as JAX does, pass "
+                           "allow_int=True." if allow_int is False else "")
                     )
                 leaves.append(x)
                 mask.append(True)
             else:
                 leaves.append(x)
                 mask.append(False)
+            ints.append(False)
     treedef = tree_util.tree_structure(tuple(args))
-    return leaves, treedef, mask
+    return leaves, treedef, mask, ints
 
 
 def split_aux(out, call):
@@ -124,10 +155,39 @@ def describe_tree(tree):
     return str(tree).replace("PyTreeDef", "")
 
 
+# NOTE [weak types of results]
+# Results carry JAX's weak-type flag where JAX's transforms give one, so code
+# that relies on weak-type promotion (the gradient at a Python scalar, added
+# to a float16 array, stays float16) behaves as under JAX: materialised zeros
+# are weak where their value is (zeros_for); grad seeds the backward pass
+# with a one as weak as the output (jax.grad's `full_like(out, 1)`); jacrev
+# gives each block the weak type of its input leaf and jacfwd that of its
+# output leaf (JAX casts the blocks to those leaves). In between, the
+# primitives' rules propagate the flag.
+
+
 def zeros_for(aval):
+    """Zeros of `aval`, weakly typed where it is (as JAX's zeros are)."""
     if is_key_dtype(aval.dtype):  # a key's tangent is float0 (NOTE [key dtypes])
         return np.zeros(aval.shape, jax.dtypes.float0)
-    return jnp.zeros(aval.shape, aval.dtype)
+    return match_weak(jnp.zeros(aval.shape, aval.dtype), aval.weak_type)
+
+
+def float0_zeros(aval):
+    """The derivative JAX gives an integer, bool or key input: float0 zeros."""
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+def match_weak(x, weak_type):
+    """`x` with JAX's weak-type flag set to `weak_type` (NOTE [weak types of
+    results])."""
+    a = aval_of(x)
+    if a.weak_type == bool(weak_type) or not isinstance(a.dtype, np.dtype) or (
+            a.dtype == jax.dtypes.float0):
+        return x
+    from ..primitives.elementwise import convert_element_type
+
+    return convert_element_type(x, a.dtype, weak_type=bool(weak_type))
 
 
 def check_same_structure(expected_tree, got_tree, call, what, hint):

@@ -12,14 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-from ..core import aval_of
-from ..errors import FunctxValueError
+from ..core import aval_of, is_complex_dtype, is_real_float_dtype
+from ..errors import FunctxTypeError, FunctxValueError
 from ..primitives import structural as st
 from ..primitives.common import moveaxis
 from . import _args
-from .grad import bind_argnums, grad_and_value, linearize_reverse, pull_back, vjp, with_static
+from .grad import (
+    bind_argnums,
+    check_holomorphic_outputs,
+    grad_and_value,
+    linearize_reverse,
+    output_path,
+    pull_back,
+    vjp,
+    with_static,
+)
 from .jvp import _check_tuple, jvp, jvp_flat
-from .vmap import map_over_basis
+from .vmap import check_randomness, map_over_basis
 
 
 _BASES = {}
@@ -63,7 +72,10 @@ def _check_chunk(chunk_size, call):
     if chunk_size is not None and (
         not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1
     ):
-        raise FunctxValueError(f"{call}: chunk_size must be None or a positive int, got {chunk_size!r}.")
+        raise FunctxValueError(
+            f"{call}: chunk_size must be None or a positive int, got {chunk_size!r}. Pass "
+            "None for all rows at once, or the number of rows per chunk (e.g. 8)."
+        )
 
 
 def _diff_args(args, argnums, call):
@@ -71,20 +83,66 @@ def _diff_args(args, argnums, call):
     return nums, single, tuple(args[i] for i in nums)
 
 
-def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_copy=False):
+def _check_rev_outputs(r, call, holomorphic):
+    """jacrev's outputs: real floating point, or complex with holomorphic
+    (JAX's and torch's rule: an integer output has no reverse-mode rows)."""
+    if holomorphic:
+        check_holomorphic_outputs(r, call)
+        return
+    for k, a in enumerate(r.out_avals):
+        if is_real_float_dtype(a.dtype):
+            continue
+        where = output_path(r.out_tree, k)
+        if is_complex_dtype(a.dtype):
+            raise FunctxTypeError(
+                f"{call}: {where} is complex ({a.str_short()}); jacrev needs real outputs "
+                "unless the function is holomorphic. Pass holomorphic=True for the complex "
+                "derivative of a holomorphic function, or use vjp directly."
+            )
+        raise FunctxTypeError(
+            f"{call}: {where} has dtype {a.dtype.name} ({a.str_short()}); jacrev needs "
+            "floating-point outputs, as an integer or bool output has no derivative. Cast "
+            "it with .astype(float) if it should be differentiable, return it as aux "
+            "(has_aux=True), or use jacfwd, which gives zeros for it."
+        )
+
+
+def _int_block(out_aval):
+    """jacrev's block for an integer input let through by allow_int: zeros of
+    the input's dtype (JAX casts its float0 rows to the input's dtype), float0
+    for a key."""
+    def block(in_aval):
+        a = in_aval.update(shape=out_aval.shape + in_aval.shape, weak_type=False)
+        if not isinstance(a.dtype, np.dtype):
+            return _args.float0_zeros(a)
+        return jnp.zeros(a.shape, a.dtype)
+
+    return block
+
+
+def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False,
+           allow_int=False, _preallocate_and_copy=False):
     """Jacobian by reverse mode: one vjp per output element, batched with
     vmap.
 
     Args:
-      func: a function of arrays (pytrees allowed).
+      func: a function of arrays (pytrees allowed) with floating-point
+        outputs (an integer output is an error, as in JAX and torch).
       argnums: the argument(s) to differentiate (int or tuple of ints).
       has_aux: `func` returns `(output, aux)`; the result is `(jac, aux)`.
       chunk_size: compute the rows in chunks of this many vjps (bounded
         memory, same result).
+      holomorphic: `func` is holomorphic with complex inputs and outputs
+        (JAX's meaning): the result is the complex derivative. Without it a
+        complex output is an error.
+      allow_int: integer, bool and key inputs get zero blocks (of the
+        input's dtype, as JAX's allow_int) instead of being refused.
 
     Returns:
       A function returning the Jacobian: for each output leaf, the block(s)
-      `output.shape + input.shape` (a tuple over argnums for tuple argnums).
+      `output.shape + input.shape` (a tuple over argnums for tuple argnums),
+      each with its input's dtype and weak type (as JAX's). A function with
+      no output leaves (None, ()) gives back that structure.
 
     Example:
       >>> functx.jacrev(functx.numpy.sin)(x)            # diag(cos(x))
@@ -99,13 +157,16 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_
         call = f"jacrev({_args.fn_name(func)}, argnums={argnums!r})(*args)"
         nums, single, diff = _diff_args(args, argnums, call)
         r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
-                              [f"argument {i}" for i in nums])
+                              [f"argument {i}" for i in nums], bool(allow_int), holomorphic)
+        _check_rev_outputs(r, call, holomorphic)
         basis, sizes, total = _basis(r.out_avals)
 
         def pull(*cts):
             return pull_back(r, list(cts))
 
-        if total == 1:
+        if not r.in_avals or total == 0:
+            rows = [jnp.zeros((total,) + ia.shape, ia.dtype) for ia in r.in_avals]
+        elif total == 1:
             rows = [st.expand_dims(c, (0,)) for c in pull(*[b[0] for b in basis])]
         else:
             rows = map_over_basis(pull, basis, _starts(sizes), call, chunk_size=chunk_size)
@@ -113,11 +174,13 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_
         start = 0
         for oa, n in zip(r.out_avals, sizes):
             per_input = [
-                st.reshape(_rows(row, start, start + n), oa.shape + ia.shape)
+                _args.match_weak(st.reshape(_rows(row, start, start + n), oa.shape + ia.shape),
+                                 ia.weak_type)
                 for row, ia in zip(rows, r.in_avals)
             ]
             start += n
-            per_arg = tuple(tree_util.tree_unflatten(r.in_tree, with_static(r, per_input)))
+            per_arg = tuple(tree_util.tree_unflatten(
+                r.in_tree, with_static(r, per_input, _int_block(oa))))
             blocks.append(per_arg[0] if single else per_arg)
         jac = tree_util.tree_unflatten(r.out_tree, blocks)
         if has_aux:
@@ -127,7 +190,7 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, _preallocate_and_
     return wrapper
 
 
-def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
+def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=False):
     """Jacobian by forward mode: one jvp per input element, batched with
     vmap.
 
@@ -136,21 +199,30 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
       argnums: the argument(s) to differentiate (int or tuple of ints).
       has_aux: `func` returns `(output, aux)`; the result is `(jac, aux)`.
       randomness: passed to the inner vmap (see `vmap`).
+      holomorphic: `func` is holomorphic with complex inputs and outputs
+        (JAX's meaning): the result is the complex derivative. Without it a
+        complex input is an error.
 
     Returns:
-      A function returning the Jacobian, laid out as for `jacrev`.
+      A function returning the Jacobian, laid out as for `jacrev`, each
+      block with its output's dtype and weak type (as JAX's).
 
     Example:
       >>> functx.jacfwd(f)(x)                 # cheap when inputs are few
       >>> functx.jacfwd(functx.jacrev(f))(x)  # Hessian (= functx.hessian)
     """
     _args.check_callable(func, "jacfwd")
+    check_randomness(randomness, f"jacfwd({_args.fn_name(func)}, randomness={randomness!r})")
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         call = f"jacfwd({_args.fn_name(func)}, argnums={argnums!r})(*args)"
         nums, single, diff = _diff_args(args, argnums, call)
-        flat, in_tree, mask = _args.differentiable_leaves(diff, call, [f"argument {i}" for i in nums])
+        names = [f"argument {i}" for i in nums]
+        flat, in_tree, mask, _ = _args.differentiable_leaves(diff, call, names,
+                                                             holomorphic=holomorphic)
+        if not holomorphic:
+            _check_fwd_inputs(flat, mask, call)
         diff = tree_util.tree_unflatten(in_tree, flat)
         in_avals = [aval_of(x) for x, m in zip(flat, mask) if m]
         basis, sizes, total = _basis(in_avals)
@@ -164,18 +236,34 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
             info["out_tree"] = out_tree
             return tans, outs, aux
 
-        tans, outs, aux = map_over_basis(push, basis, _starts(sizes), call,
-                                         out_dims=(0, None, None), randomness=randomness)
+        if total == 0:
+            # nothing to map over: one jvp with the (empty) tangents gives the
+            # outputs; every block is empty
+            tans, outs, aux = push(*[jnp.zeros(a.shape, a.dtype) for a in in_avals])
+            tans = [jnp.zeros((0,) + aval_of(o).shape, aval_of(o).dtype) for o in outs]
+        else:
+            tans, outs, aux = map_over_basis(push, basis, _starts(sizes), call,
+                                             out_dims=(0, None, None), randomness=randomness)
+        if holomorphic:
+            for k, o in enumerate(outs):
+                if not is_complex_dtype(aval_of(o).dtype):
+                    raise FunctxTypeError(
+                        f"{call}: with holomorphic=True every output must be complex, but "
+                        f"{output_path(info['out_tree'], k)} is {aval_of(o).str_short()}. "
+                        "Make the function return complex values, or drop holomorphic=True."
+                    )
         blocks = []
         for t, o in zip(tans, outs):
-            oshape = aval_of(o).shape
+            oa = aval_of(o)
+            oshape = oa.shape
             t = moveaxis(t, 0, len(oshape))  # (*out_shape, N)
             per_input = []
             start = 0
             for ia, n in zip(in_avals, sizes):
                 lo = (0,) * len(oshape) + (start,)
                 hi = oshape + (start + n,)
-                per_input.append(st.reshape(st.slice(t, lo, hi), oshape + ia.shape))
+                block = st.reshape(st.slice(t, lo, hi), oshape + ia.shape)
+                per_input.append(_args.match_weak(block, oa.weak_type))
                 start += n
             it = iter(per_input)
             leaves = [next(it) if m else None for m in mask]
@@ -189,14 +277,30 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
     return wrapper
 
 
-def hessian(func, argnums=0):
+def _check_fwd_inputs(flat, mask, call):
+    """jacfwd's inputs: real floating point unless holomorphic (as JAX's)."""
+    for x, m in zip(flat, mask):
+        if m and is_complex_dtype(aval_of(x).dtype):
+            raise FunctxTypeError(
+                f"{call}: a differentiated input is complex ({aval_of(x).str_short()}); "
+                "jacfwd needs real inputs unless the function is holomorphic. Pass "
+                "holomorphic=True for the complex derivative of a holomorphic function, "
+                "use jacrev for a real-valued function of complex inputs, or use jvp "
+                "directly."
+            )
+
+
+def hessian(func, argnums=0, *, holomorphic=False):
     """Hessian of a scalar function: `jacfwd(jacrev(func, argnums), argnums)`.
+
+    `holomorphic=True` (complex inputs and output) is passed to both.
 
     Example:
       >>> functx.hessian(lambda x: (x ** 3).sum())(x)   # diag(6 x)
     """
     _args.check_callable(func, "hessian")
-    return jacfwd(jacrev(func, argnums), argnums)
+    return jacfwd(jacrev(func, argnums, holomorphic=holomorphic), argnums,
+                  holomorphic=holomorphic)
 
 
 def _grad_all(func, n):

@@ -6,6 +6,7 @@ from ..core import Zero, aval_of, new_interpreter
 from ..errors import FunctxTypeError
 from ..interpreters.jvp import JVPInterpreter, JVPTracer
 from . import _args
+from ._linear_fn import LinearFunction
 from .grad import linearize_reverse
 
 
@@ -24,7 +25,7 @@ def jvp_flat(func, primals, tangents, has_aux, call):
     (non-array) leaves of the primals are passed through; their tangents are
     ignored."""
     names = [f"primal {i}" for i in range(len(primals))]
-    p_flat, p_tree, mask = _args.differentiable_leaves(primals, call, names)
+    p_flat, p_tree, mask, _ = _args.differentiable_leaves(primals, call, names)
     t_flat, t_tree = tree_util.tree_flatten(tangents)
     _args.check_same_structure(
         p_tree, t_tree, call, "tangents",
@@ -80,13 +81,56 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
     return output, tangent_out
 
 
-def linearize(func, *primals):
+class _LinearizeSpec:
+    __slots__ = ("in_avals", "in_tree", "mask", "out_avals", "out_tree")
+
+    def __init__(self, r):
+        for name in self.__slots__:
+            setattr(self, name, getattr(r, name))
+
+
+@tree_util.register_pytree_node_class
+class LinearizedFunction(LinearFunction):
+    """The `jvp_fn` of `functx.linearize`: `jvp_fn(*tangents)` pushes
+    tangents of the primals forward without re-running the function.
+    Callable many times; a pytree whose leaves are its residuals (NOTE
+    [linear functions are pytrees]), so it can be returned from `jax.jit`."""
+
+    __slots__ = ()
+    _name = "jvp_fn"
+
+    def __call__(self, *tangents):
+        call = "linearize(...) jvp_fn(*tangents)"
+        if self._unchecked:
+            self._check_leaves(call)
+        spec = self._spec
+        flat, tree = tree_util.tree_flatten(tangents)
+        _args.check_same_structure(
+            spec.in_tree, tree, call, "tangents",
+            "Pass one tangent per primal given to linearize.",
+        )
+        flat = [_args.as_array(t, call, "a tangent") for t, m in zip(flat, spec.mask) if m]
+        _args.check_same_avals(spec.in_avals, flat, call, "tangent")
+        outs = self._linear.forward(flat)
+        outs = [_args.zeros_for(a) if type(t) is Zero else t for t, a in zip(outs, spec.out_avals)]
+        return tree_util.tree_unflatten(spec.out_tree, outs)
+
+
+def linearize(func, *primals, has_aux=False):
     """Run `func` once and return its linear approximation at `primals`.
 
+    Args:
+      func: a function of arrays (pytrees allowed).
+      *primals: the inputs at which to linearize.
+      has_aux: `func` returns `(output, aux)`; aux is returned untouched
+        (as JAX's linearize).
+
     Returns:
-      `(output, jvp_fn)`; `jvp_fn(*tangents)` gives the same result as
-      `jvp(func, primals, tangents)[1]` without re-running `func` (the
-      linear part was recorded once).
+      `(output, jvp_fn)`, or `(output, jvp_fn, aux)` with `has_aux`;
+      `jvp_fn(*tangents)` gives the same result as `jvp(func, primals,
+      tangents)[1]` without re-running `func` (the linear part was recorded
+      once). `jvp_fn` is a pytree whose leaves are the residuals it holds (as
+      JAX's), so it can be returned from `jax.jit` or `functx.jit`.
 
     Example:
       >>> out, jvp_fn = functx.linearize(f, x)
@@ -94,20 +138,9 @@ def linearize(func, *primals):
     """
     _args.check_callable(func, "linearize")
     call = f"linearize({_args.fn_name(func)}, *primals)"
-    r = linearize_reverse(func, primals, False, call)
+    r = linearize_reverse(func, primals, has_aux, call)
     output = tree_util.tree_unflatten(r.out_tree, r.out)
-
-    def jvp_fn(*tangents):
-        fn_call = "linearize(...) jvp_fn(*tangents)"
-        flat, tree = tree_util.tree_flatten(tangents)
-        _args.check_same_structure(
-            r.in_tree, tree, fn_call, "tangents",
-            "Pass one tangent per primal given to linearize.",
-        )
-        flat = [_args.as_array(t, fn_call, "a tangent") for t, m in zip(flat, r.mask) if m]
-        _args.check_same_avals(r.in_avals, flat, fn_call, "tangent")
-        outs = r.linear.forward(flat)
-        outs = [_args.zeros_for(a) if type(t) is Zero else t for t, a in zip(outs, r.out_avals)]
-        return tree_util.tree_unflatten(r.out_tree, outs)
-
+    jvp_fn = LinearizedFunction(r.linear, _LinearizeSpec(r))
+    if has_aux:
+        return output, jvp_fn, r.aux
     return output, jvp_fn

@@ -18,6 +18,28 @@ from . import _args
 _RANDOMNESS = ("error", "different", "same")
 
 
+def check_randomness(randomness, call):
+    if not isinstance(randomness, str) or randomness not in _RANDOMNESS:
+        raise FunctxValueError(
+            f"{call}: randomness must be one of 'error', 'different' or 'same', got "
+            f"{randomness!r}. Use 'different' for independent draws per batch element, "
+            "'same' for one draw shared by the batch, 'error' to refuse random calls."
+        )
+
+
+def check_dims(dims, call, what):
+    """in_dims / out_dims hold only ints and None, in tuples, lists and dicts
+    (checked when the transform is built, before any value is seen)."""
+    for d in tree_util.tree_leaves(dims, is_leaf=lambda x: x is None):
+        if d is None or (isinstance(d, (int, np.integer)) and not isinstance(d, bool)):
+            continue
+        raise FunctxTypeError(
+            f"{call}: {what} entries must be an int or None, got {d!r}. Write {what} "
+            f"with plain ints (e.g. {what}=0 or {what}=(0, None)); an array or a float is "
+            "not a dimension."
+        )
+
+
 def _is_dim_leaf(x):
     return x is None or isinstance(x, (int, np.integer))
 
@@ -30,7 +52,8 @@ def broadcast_dims(prefix, tree, call, what):
     def expand(d, sub):
         if not _is_dim_leaf(d) or isinstance(d, bool):
             raise FunctxTypeError(
-                f"{call}: {what} entries must be an int or None, got {d!r}."
+                f"{call}: {what} entries must be an int or None, got {d!r}. Give a "
+                "dimension (e.g. 0) or None (not mapped) for each part."
             )
         per_leaf.append((d, len(tree_util.tree_leaves(sub))))
         return None
@@ -57,7 +80,8 @@ def _in_dims_per_leaf(in_dims, args, call):
     if not isinstance(in_dims, (tuple, list)):
         raise FunctxTypeError(
             f"{call}: in_dims must be an int, None, or a tuple with one entry per "
-            f"positional argument, got {type(in_dims).__name__}."
+            f"positional argument, got {type(in_dims).__name__}. For example in_dims=0, "
+            "or in_dims=(0, None) for two arguments."
         )
     if len(in_dims) != len(args):
         raise FunctxValueError(
@@ -327,17 +351,16 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
       >>> batched_jacobians = functx.vmap(functx.jacrev(f))(xs)
     """
     _args.check_callable(func, "vmap")
-    if randomness not in _RANDOMNESS:
-        raise FunctxValueError(
-            f"vmap({_args.fn_name(func)}, randomness={randomness!r}): randomness must be "
-            "one of 'error', 'different' or 'same'."
-        )
+    check_randomness(randomness, f"vmap({_args.fn_name(func)}, randomness={randomness!r})")
+    check_dims(in_dims, f"vmap({_args.fn_name(func)}, in_dims={in_dims!r})", "in_dims")
+    check_dims(out_dims, f"vmap({_args.fn_name(func)}, out_dims={out_dims!r})", "out_dims")
     if chunk_size is not None and (
         not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1
     ):
         raise FunctxValueError(
             f"vmap({_args.fn_name(func)}, chunk_size={chunk_size!r}): chunk_size must be "
-            "None or a positive int."
+            "None or a positive int. Pass None to map the whole batch at once, or the "
+            "number of elements per chunk (e.g. 8)."
         )
 
     @functools.wraps(func)
