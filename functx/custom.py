@@ -186,7 +186,8 @@ def _stage_primal(owner, spec):
             if not isinstance(x, _ARRAYS + _SCALARS):
                 raise FunctxTypeError(
                     f"{owner.kind} function `{owner.__name__}` returned a "
-                    f"{type(x).__name__}; it must return arrays (a pytree of arrays)."
+                    f"{type(x).__name__}; it must return arrays (a pytree of arrays). Return "
+                    "other values through a closure, or compute them outside the function."
                 )
         return leaves
 
@@ -375,7 +376,8 @@ class _UserJVPRule(_UserRule):
                 raise FunctxValueError(
                     f"custom_jvp function `{fn}`: the jvp rule `{rule_name}` returned a "
                     f"tangent {b.str_short()} for the output {a.str_short()} at leaf {i}. "
-                    "A tangent has its primal's shape and dtype."
+                    f"A tangent has its primal's shape and dtype: return a {a.str_short()} "
+                    f"there (e.g. cast it with .astype({a.dtype.name}))."
                 )
             touts.append(t)
         return outs, touts
@@ -500,7 +502,8 @@ class _UserVJPRule(_UserRule):
                 raise FunctxValueError(
                     f"custom_vjp function `{fn}`: the bwd rule `{bwd_name}` returned a "
                     f"cotangent {b.str_short()} for the input {a.str_short()} at leaf {i}. "
-                    "A cotangent has its input's shape and dtype."
+                    f"A cotangent has its input's shape and dtype: return a {a.str_short()} "
+                    f"there (e.g. cast it with .astype({a.dtype.name}))."
                 )
             out.append(c)
         return out
@@ -524,13 +527,15 @@ class _CustomBase:
             nums = tuple(int(i) for i in nondiff_argnums)
         except TypeError:
             raise FunctxTypeError(
-                f"{self.kind}: nondiff_argnums must be a tuple of ints, got "
-                f"{nondiff_argnums!r}."
+                f"{self.kind}({_name(fun)}, nondiff_argnums=...): nondiff_argnums must be a "
+                f"tuple of ints, got {nondiff_argnums!r}. Give argument positions, e.g. "
+                "nondiff_argnums=(1,)."
             ) from None
         if len(set(nums)) != len(nums) or any(i < 0 for i in nums):
             raise FunctxValueError(
-                f"{self.kind}: nondiff_argnums={nondiff_argnums!r} must list distinct "
-                "non-negative positions."
+                f"{self.kind}({_name(fun)}, nondiff_argnums={nondiff_argnums!r}): "
+                "nondiff_argnums must list distinct non-negative positions. List each "
+                "position once, counting from 0."
             )
         self.nondiff_argnums = nums
         self._staged = {}
@@ -586,8 +591,10 @@ class custom_jvp(_CustomBase):
         """Set the jvp rule; returns it, so it can be used as a decorator."""
         if not callable(jvp):
             raise FunctxTypeError(
-                f"custom_jvp function `{self.__name__}`: defjvp expects a function "
-                f"(primals, tangents) -> (primal_out, tangent_out), got {type(jvp).__name__}."
+                f"{self.__name__}.defjvp(jvp): custom_jvp function `{self.__name__}` expects "
+                f"`jvp` to be a function (primals, tangents) -> (primal_out, tangent_out), got "
+                f"{type(jvp).__name__} {jvp!r}. Pass the rule itself, e.g. decorate "
+                f"`def {self.__name__}_jvp(primals, tangents): ...` with @{self.__name__}.defjvp."
             )
         self.jvp = jvp
         self.symbolic_zeros = bool(symbolic_zeros)
@@ -600,8 +607,9 @@ class custom_jvp(_CustomBase):
         argument does not contribute)."""
         if self.nondiff_argnums:
             raise FunctxTypeError(
-                f"custom_jvp function `{self.__name__}`: defjvps cannot be used with "
-                "nondiff_argnums; use defjvp."
+                f"{self.__name__}.defjvps(*jvps): custom_jvp function `{self.__name__}` has "
+                "nondiff_argnums, which defjvps does not support. Define the rule with "
+                f"@{self.__name__}.defjvp instead."
             )
 
         def jvp(primals, tangents):
@@ -625,7 +633,8 @@ class custom_jvp(_CustomBase):
         if self.jvp is None:
             raise FunctxTypeError(
                 f"custom_jvp function `{self.__name__}` was called before its rule was "
-                "defined. Define it with @f.defjvp (or f.defjvps) first."
+                f"defined. Define it with @{self.__name__}.defjvp (or "
+                f"{self.__name__}.defjvps) first."
             )
 
     def _jax_version(self):
@@ -677,8 +686,10 @@ class custom_vjp(_CustomBase):
         for what, rule in (("fwd", fwd), ("bwd", bwd)):
             if not callable(rule):
                 raise FunctxTypeError(
-                    f"custom_vjp function `{self.__name__}`: defvjp expects functions "
-                    f"fwd and bwd, got {type(rule).__name__} as {what}."
+                    f"{self.__name__}.defvjp(fwd, bwd): custom_vjp function "
+                    f"`{self.__name__}` expects functions fwd(*args) -> (out, residuals) and "
+                    f"bwd(residuals, ct) -> cotangents, got {type(rule).__name__} {rule!r} as "
+                    f"`{what}`. Pass the two rule functions themselves."
                 )
         self.fwd = fwd
         self.bwd = bwd
@@ -689,7 +700,7 @@ class custom_vjp(_CustomBase):
         if self.fwd is None:
             raise FunctxTypeError(
                 f"custom_vjp function `{self.__name__}` was called before its rules were "
-                "defined. Define them with f.defvjp(fwd, bwd) first."
+                f"defined. Define them with {self.__name__}.defvjp(fwd, bwd) first."
             )
 
     def _jax_version(self):

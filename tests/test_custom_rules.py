@@ -537,6 +537,40 @@ def test_errors():
         fx.grad(undefined)(1.0)
 
 
+
+def test_rule_definition_errors_name_the_call_and_the_fix():
+    # JAX accepts a non-callable rule here and fails later, at the first call
+    @fx.custom_jvp
+    def f(x):
+        return x
+
+    with pytest.raises(fx.FunctxTypeError,
+                       match=r"f\.defjvp\(jvp\).*`jvp`.*got int 3.*@f\.defjvp"):
+        f.defjvp(3)
+
+    @fx.custom_vjp
+    def g(x):
+        return x
+
+    with pytest.raises(fx.FunctxTypeError,
+                       match=r"g\.defvjp\(fwd, bwd\).*got str 'b' as `bwd`.*Pass the two rule"):
+        g.defvjp(lambda x: (x, None), "b")
+    with pytest.raises(fx.FunctxTypeError, match=r"custom_jvp\(h, nondiff_argnums=\.\.\.\).*e\.g\."):
+        fx.custom_jvp(_named("h"), nondiff_argnums=1)
+    with pytest.raises(fx.FunctxValueError, match=r"nondiff_argnums=\(1, 1\).*List each"):
+        fx.custom_vjp(_named("h"), nondiff_argnums=(1, 1))
+    with pytest.raises(fx.FunctxTypeError, match=r"before its rule was defined.*@f\.defjvp"):
+        fx.grad(f)(1.0)
+
+
+def _named(name):
+    def fn(x, n):
+        return x
+
+    fn.__name__ = name
+    return fn
+
+
 # ---- symbolic_zeros=True --------------------------------------------------
 
 

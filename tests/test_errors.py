@@ -109,6 +109,27 @@ def test_vmap_bad_randomness_and_chunk_size():
         fx.vmap(fnp.sin, chunk_size=0)
 
 
+def test_vmap_out_dims_and_in_dims_must_be_ints():
+    # an array (or a float, a string) where a dimension belongs: refused when
+    # the transform is built, not with NumPy's "truth value of an array"
+    for out_dims in ((jnp.array([0, 1]),), (jnp.array(0), 0), 0.0, "a"):
+        with raises(TypeError, r"vmap\(", "out_dims", "int or None", "plain ints"):
+            fx.vmap(lambda x: (x, x), out_dims=out_dims)
+    with raises(TypeError, r"vmap\(", "in_dims", "int or None", "plain ints"):
+        fx.vmap(fnp.sin, in_dims=(np.array([0]),))
+    # what JAX accepts still works: ints (NumPy ones too), None, containers
+    out = fx.vmap(lambda x: {"a": x, "b": 2 * x}, out_dims={"a": np.int64(1), "b": None})
+    with raises(ValueError, "out_dims is None"):
+        out(XS)
+    close_ = fx.vmap(lambda x: (x, x), out_dims=(1, 0))(XS)
+    np.testing.assert_allclose(close_[0], XS.T)
+
+
+def test_jacfwd_randomness_is_checked_like_vmaps():
+    with raises(ValueError, r"jacfwd\(", "randomness", "'bogus'", "'different'", "'same'"):
+        fx.jacfwd(fnp.sin, randomness="bogus")
+
+
 # --------------------------------------------------------------------------
 # grad and friends
 
@@ -135,6 +156,54 @@ def test_argnums_out_of_range_and_wrong_type():
         fx.grad(lambda a: fnp.sum(a), argnums=1.5)(X)
     with raises(ValueError, "argnums", "out of range"):
         fx.jacrev(fnp.sin, argnums=1)(X)
+
+
+def test_duplicate_argnums_names_the_fix():
+    with raises(ValueError, r"grad\(", r"argnums=\(0, -2\)", "argument 0 twice",
+                r"once, e\.g\. argnums=\(0,\)"):
+        fx.grad(lambda a, b: fnp.sum(a * b), argnums=(0, -2))(X, X)
+
+
+def test_holomorphic_dtypes_are_checked_like_jax():
+    z = jnp.asarray([1.0 + 1.0j, 2.0])
+
+    def check(call, jcall, *words):
+        with pytest.raises(TypeError):
+            jcall()
+        with raises(TypeError, *words):
+            call()
+
+    # holomorphic=True: complex inputs and outputs
+    check(lambda: fx.jacrev(fnp.sin, holomorphic=True)(X),
+          lambda: jax.jacrev(jnp.sin, holomorphic=True)(X),
+          r"jacrev\(", "holomorphic=True", "argument 0", "float64", r"astype\(complex\)")
+    check(lambda: fx.jacfwd(fnp.abs, holomorphic=True)(z),
+          lambda: jax.jacfwd(jnp.abs, holomorphic=True)(z),
+          r"jacfwd\(", "holomorphic=True", "the output", "f64", "drop holomorphic=True")
+    check(lambda: fx.grad(lambda z: fnp.sum(fnp.abs(z)), holomorphic=True)(z),
+          lambda: jax.grad(lambda z: jnp.sum(jnp.abs(z)), holomorphic=True)(z),
+          r"grad\(", "holomorphic=True", "complex")
+    with raises(TypeError, r"vjp\(", "holomorphic=True", "complex"):
+        fx.vjp(fnp.sin, X, holomorphic=True)
+    # without it: complex outputs of grad and jacrev, complex inputs of jacfwd
+    check(lambda: fx.grad(lambda z: fnp.sum(z ** 2))(z),
+          lambda: jax.grad(lambda z: jnp.sum(z ** 2))(z),
+          r"grad\(", "c128", "pass holomorphic=True")
+    check(lambda: fx.jacrev(lambda z: z ** 2)(z), lambda: jax.jacrev(lambda z: z ** 2)(z),
+          r"jacrev\(", "complex", "pass holomorphic=True")
+    check(lambda: fx.jacfwd(lambda z: z ** 2)(z), lambda: jax.jacfwd(lambda z: z ** 2)(z),
+          r"jacfwd\(", "complex", "pass holomorphic=True")
+
+
+def test_integer_inputs_offer_allow_int():
+    with raises(TypeError, r"grad\(", "argument 1", "int", "allow_int=True"):
+        fx.grad(lambda x, n: fnp.sum(x * n), argnums=(0, 1))(X, jnp.arange(3))
+    with raises(TypeError, r"jacrev\(", "allow_int=True"):
+        fx.jacrev(lambda n: n * 2.0)(jnp.arange(3))
+    # jvp has no such option, and does not offer it
+    with raises(TypeError, r"jvp\(", "int") as e:
+        fx.jvp(lambda n: n * 2.0, (jnp.arange(3),), (jnp.arange(3),))
+    assert "allow_int" not in str(e.value)
 
 
 def test_non_callable():
@@ -173,6 +242,33 @@ def test_vjp_cotangent_mismatches():
         vjp_fn(X)
     with raises(ValueError, "cotangent 0", r"shape \(2,\)"):
         vjp_fn((jnp.ones(2), X))
+
+
+def test_vjp_cotangent_dtype_is_checked_like_jax():
+    f = lambda x: (fnp.sin(x), {"n": fnp.sum(x)})
+    _, vjp_fn = fx.vjp(f, X)
+    _, jax_vjp_fn = jax.vjp(f, X)
+    ones = jnp.ones(3)
+    for bad in ((jnp.ones(3, jnp.int32), 1.0), (ones, {"n": jnp.float32(1.0)}),
+                (ones.astype(jnp.complex128), 1.0)):
+        bad = (bad[0], bad[1] if isinstance(bad[1], dict) else {"n": bad[1]})
+        with pytest.raises(ValueError):
+            jax_vjp_fn(bad)
+        with raises(ValueError, r"vjp_fn\(cotangents\)", "cotangent for output", "dtype",
+                    "float64", r"astype\(float64\)"):
+            vjp_fn(bad)
+    with raises(ValueError, r"output\[1\]\['n'\]", "float32"):
+        vjp_fn((ones, {"n": jnp.float32(1.0)}))
+    # a Python number is weakly typed: it takes the output's dtype, as in JAX
+    want = jax_vjp_fn((ones, {"n": 2.0}))
+    np.testing.assert_allclose(vjp_fn((ones, {"n": 2.0}))[0], want[0])
+    np.testing.assert_allclose(vjp_fn((ones, {"n": 2}))[0], want[0])
+    # an integer output's cotangent is ignored (JAX types it float0)
+    _, int_vjp = fx.vjp(lambda x: (x * 2.0, (x > 0).astype(jnp.int32)), X)
+    np.testing.assert_allclose(int_vjp((ones, jnp.ones(3)))[0], 2 * ones)
+    # one argument: the cotangents, as one tuple
+    with raises(TypeError, r"vjp_fn\(cotangents\)", "one argument", r"vjp_fn\(\(ct_a, ct_b\)\)"):
+        vjp_fn(ones, {"n": 1.0})
 
 
 # --------------------------------------------------------------------------

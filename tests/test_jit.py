@@ -368,6 +368,41 @@ def test_jit_errors_name_the_argument():
         fx.grad(lambda x: jf(x, [1, 2]))(1.0)
 
 
+
+def test_jit_static_argument_errors_name_the_argument_and_the_fix():
+    # JAX refuses each of these too (with raw errors or none of its own)
+    with pytest.raises(TypeError):
+        jax.jit(lambda x: x, static_argnums="a")
+    with pytest.raises(fx.FunctxTypeError, match=r"jit\(.*static_argnums='a'.*ints.*static_argnames"):
+        fx.jit(lambda x: x, static_argnums="a")
+    with pytest.raises(fx.FunctxTypeError, match=r"static_argnames=3.*strs.*static_argnames=\('n',\)"):
+        fx.jit(lambda x: x, static_argnames=3)
+    with pytest.raises(fx.FunctxTypeError, match=r"donate_argnums.*ints"):
+        fx.jit(lambda x: x, donate_argnums=(1.5,))
+    with pytest.raises(ValueError, match="invalid argnames"):
+        jax.jit(lambda x, n=1: x, static_argnames="m")
+    with pytest.raises(fx.FunctxValueError, match=r"static_argnames='m'.*no parameter 'm'.*x, n.*Fix the name"):
+        fx.jit(lambda x, n=1: x, static_argnames="m")
+    with pytest.raises(fx.FunctxValueError, match=r"out of range.*1 positional argument\. Use positions in \[-1, 1\), or drop 3"):
+        fx.jit(lambda x: x, static_argnums=3)
+    # a function taking **kwargs accepts any name, as in JAX
+    g = fx.jit(lambda x, **kw: x * kw["n"], static_argnames="n")
+    close(g(X, n=3), jax.jit(lambda x, **kw: x * kw["n"], static_argnames="n")(X, n=3))
+    # an unhashable static argument, at top level and under a transform
+    f = fx.jit(lambda x, s, t=(): x * len(s) + len(t), static_argnums=1, static_argnames="t")
+    close(f(X, (1, 2), t=(3,)), X * 2 + 1)
+    with pytest.raises(ValueError, match="Non-hashable"):
+        jax.jit(lambda x, s: x, static_argnums=1)(X, [1])
+    for call in (lambda: f(X, [1, 2]), lambda: fx.grad(lambda x: fnp.sum(f(x, [1])))(X)):
+        with pytest.raises(fx.FunctxValueError, match=r"jit\(<lambda>\).*argument 1 is a list.*tuple"):
+            call()
+    with pytest.raises(fx.FunctxValueError, match=r"argument 't' is a dict.*hashable"):
+        f(X, (1,), t={})
+    # the wrapper keeps what jit's result offers
+    assert f.lower(X, (1,)).compile() is not None
+    assert f.functx_jitted is not None and f.__name__ == "<lambda>"
+
+
 def test_per_sample_weight_gradients_are_not_transposed_copies():
     # the cotangent of W in x @ W is outer(x, ct) as laid out; the program
     # JAX writes for the same thing transposes each per-example gradient

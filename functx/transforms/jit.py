@@ -46,6 +46,7 @@ import inspect
 import threading
 
 import jax
+import numpy as np
 from jax import tree_util
 
 from .. import random as _random
@@ -58,26 +59,53 @@ from ..primitives.call import jit_call
 from ._args import as_array, check_callable, fn_name
 
 
-def _as_tuple(x, what):
+def _as_tuple(x, what, kind, name):
+    """`static_argnums` / `donate_argnums` (kind int) or `static_argnames`
+    (kind str) as a tuple, each entry checked."""
     if x is None:
         return ()
-    if isinstance(x, (int, str)):
-        return (x,)
+    items = (x,) if isinstance(x, (int, str, np.integer)) else x
     try:
-        return tuple(x)
+        items = tuple(items)
     except TypeError:
-        raise FunctxTypeError(f"jit: `{what}` must be an int/str or a tuple of them, got {x!r}.") from None
+        items = None
+    if items is not None and all(
+            isinstance(v, str) if kind is str
+            else isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items):
+        return tuple(v if kind is str else int(v) for v in items)
+    if kind is str:
+        hint = "name parameters as strings, e.g. static_argnames=('n',)"
+    else:
+        hint = (f"give positions as ints, e.g. {what}=(1,)"
+                + ("; to name parameters use static_argnames" if what == "static_argnums" else ""))
+    raise FunctxTypeError(
+        f"jit({name}, {what}={x!r}): `{what}` must be "
+        + ("a str or a tuple of strs" if kind is str else "an int or a tuple of ints")
+        + f", got {x!r}. To fix it, {hint}."
+    )
 
 
 def _resolve_static(fun, static_argnums, static_argnames):
     """Complete static_argnums and static_argnames from each other through
     the signature of `fun` (a parameter can be passed either way)."""
-    nums = set(_as_tuple(static_argnums, "static_argnums"))
-    names = set(_as_tuple(static_argnames, "static_argnames"))
+    name = fn_name(fun)
+    nums = set(_as_tuple(static_argnums, "static_argnums", int, name))
+    names = set(_as_tuple(static_argnames, "static_argnames", str, name))
     try:
         params = list(inspect.signature(fun).parameters.values())
     except (TypeError, ValueError):
-        params = []
+        params = None  # no signature to check against (a builtin): trust the names
+    if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params):
+        known = {p.name for p in params if p.kind is not p.POSITIONAL_ONLY}
+        unknown = sorted(names - known)
+        if unknown:
+            raise FunctxValueError(
+                f"jit({name}, static_argnames={static_argnames!r}): {name} has no parameter "
+                f"{', '.join(map(repr, unknown))} that can be passed by name (its parameters: "
+                f"{', '.join(p.name for p in params) or 'none'}). Fix the name, or use "
+                "static_argnums for a positional-only parameter."
+            )
+    params = params or []
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     for i, p in enumerate(positional):
         if p.name in names:
@@ -85,13 +113,24 @@ def _resolve_static(fun, static_argnums, static_argnames):
         if i in nums and p.kind is p.POSITIONAL_OR_KEYWORD:
             names.add(p.name)
     if positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        n = len(positional)
         for i in nums:
-            if not -len(positional) <= i < len(positional):
+            if not -n <= i < n:
                 raise FunctxValueError(
-                    f"jit({fn_name(fun)}): static_argnums={sorted(nums)} is out of range: the "
-                    f"function takes {len(positional)} positional arguments."
+                    f"jit({name}): static_argnums={sorted(nums)} is out of range: the "
+                    f"function takes {n} positional argument{'s' if n != 1 else ''}. Use "
+                    f"positions in [{-n}, {n}), or drop {i} from static_argnums."
                 )
     return tuple(sorted(nums)), tuple(sorted(names))
+
+
+def _unhashable_error(name, what, value):
+    return FunctxValueError(
+        f"jit({name})(*args): static arguments must be hashable, but {what} is a "
+        f"{type(value).__name__}, which is not. Pass a hashable value instead (a tuple "
+        "for a list, a frozen dataclass, ...), or pass it as an array argument (not in "
+        "static_argnums / static_argnames)."
+    )
 
 
 _cpp_lock = threading.Lock()
@@ -192,7 +231,7 @@ class Jitted:
         self._name = fn_name(fun)
         self._static_argnums, self._static_argnames = _resolve_static(
             fun, static_argnums, static_argnames)
-        self._donate = tuple(_as_tuple(donate_argnums, "donate_argnums"))
+        self._donate = _as_tuple(donate_argnums, "donate_argnums", int, self._name)
         self._stateful = None  # built when a trace draws from the generator
         self._stateful_programs = {}  # signature or options -> stateful jax.jit
         self._graphs = {}
@@ -361,11 +400,7 @@ class Jitted:
         try:
             hash(static)
         except TypeError:
-            raise FunctxValueError(
-                f"jit({self._name}): static arguments must be hashable, got "
-                f"{[type(v).__name__ for _, v in static]}. Make them tuples or "
-                "frozen dataclasses, or pass them as array arguments."
-            ) from None
+            raise self.unhashable_static(args, kwargs) from None
 
         def rebuild(d):
             d_args, d_kwargs = d
@@ -376,6 +411,20 @@ class Jitted:
             return out, d_kwargs
 
         return dyn, static, rebuild
+
+    def unhashable_static(self, args, kwargs):
+        """The error for this call's first unhashable static argument, or
+        None when every static argument hashes."""
+        n = len(args)
+        nums = sorted({i % n for i in self._static_argnums if -n <= i < n})
+        named = [(f"argument {i}", args[i]) for i in nums] + [
+            (f"argument {k!r}", v) for k, v in sorted(kwargs.items()) if k in self._static_argnames]
+        for what, v in named:
+            try:
+                hash(v)
+            except TypeError:
+                return _unhashable_error(self._name, what, v)
+        return None
 
     def _call_staged(self, args, kwargs):
         dyn, static, rebuild = self._split(args, kwargs)
@@ -438,7 +487,35 @@ def jit(func, static_argnums=(), static_argnames=(), donate_argnums=(), compiler
     part of the outer program, compiled with that program's options.
     """
     jitted = Jitted(func, static_argnums, static_argnames, donate_argnums, compiler_options)
-    return jitted._pure if jitted.fast else jitted
+    fn = jitted._pure if jitted.fast else jitted
+    if jitted._static_argnums or jitted._static_argnames:
+        return _checking_static_arguments(fn, jitted)
+    return fn
+
+
+def _checking_static_arguments(fn, jitted):
+    """`fn` behind a Python function that turns JAX's error for an
+    unhashable static argument (raised by its C++ dispatch, before any
+    functx code runs) into a FunctxValueError naming the argument. Only
+    functions with static arguments get it; it costs one Python call."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as e:
+            if isinstance(e, FunctxValueError):
+                raise
+            error = jitted.unhashable_static(args, kwargs)
+            if error is None:
+                raise
+            raise error from None
+
+    for attr in ("lower", "trace", "eval_shape", "clear_cache"):
+        if hasattr(fn, attr):
+            setattr(call, attr, getattr(fn, attr))
+    call.functx_jitted = jitted
+    return call
 
 
 def make_graph(func, static_argnums=()):
@@ -448,7 +525,7 @@ def make_graph(func, static_argnums=()):
     transforms can be staged, e.g. `make_graph(vmap(grad(f)))(xs)`.
     Arguments in `static_argnums` are fixed Python values, not inputs."""
     check_callable(func, "make_graph")
-    nums = _as_tuple(static_argnums, "static_argnums")
+    nums = _as_tuple(static_argnums, "static_argnums", int, fn_name(func))
 
     def staged(*args, **kwargs):
         n = len(args)

@@ -152,7 +152,10 @@ def functional_call(module, params_and_buffers, args, kwargs=None, *, tie_weight
     """
     call = f"functional_call({type(module).__name__})"
     if not callable(module):
-        raise FunctxTypeError(f"{call}: `module` must be callable (an Equinox module).")
+        raise FunctxTypeError(
+            f"{call}: `module` must be callable (an Equinox module), got "
+            f"{type(module).__name__}. Pass the module itself as the first argument."
+        )
     values = _merge(params_and_buffers, call)
     new = replace_leaves(module, values, tie_weights=tie_weights, strict=strict, call=call)
     if not isinstance(args, tuple):
@@ -166,7 +169,10 @@ def stack_module_state(models):
     for `vmap(lambda p, b, x: functional_call(model, (p, b), (x,)))`."""
     models = list(models)
     if not models:
-        raise FunctxValueError("stack_module_state(models): got no models.")
+        raise FunctxValueError(
+            "stack_module_state(models): got no models. Pass a non-empty list of models "
+            "of one architecture."
+        )
     first = tree_util.tree_structure(models[0])
     for i, m in enumerate(models[1:], 1):
         if tree_util.tree_structure(m) != first:
