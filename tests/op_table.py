@@ -217,6 +217,8 @@ op("scatter_mul", lambda x, i, u: jnp.asarray(x).at[i].multiply(u, unique_indice
    [U((5,)), lambda rng: rng.permutation(5)[:3].astype(np.int32), U((3,))])
 op("scatter_mul_repeated", lambda x, i, u: jnp.asarray(x).at[i].multiply(u),
    [U((5,)), I((4,), 0, 3), U((4,))], diff=(0,))
+op("scatter_sub", lambda x, i, u: lax.scatter_sub(
+    x, i[:, None], u, lax.ScatterDimensionNumbers((1,), (0,), (0,))), [U((5, 3)), I((4,), 0, 5), U((4, 3))])
 op("scatter_min", lambda x, i, u: jnp.asarray(x).at[i].min(u), [U((5,)), I((4,), 0, 3), U((4,))])
 op("scatter_max", lambda x, i, u: jnp.asarray(x).at[i].max(u), [U((5, 2)), I((4,), 0, 3), U((4, 2))])
 

@@ -70,9 +70,7 @@ def test_lax_and_jax_functions_of_issue_15_are_covered():
 
 # Gaps the inventory of jax.lax and jax shows, each to be fixed where noted
 # (a fixed gap can leave this table; a new one fails the test).
-KNOWN_GAPS = {
-    "scatter-sub": "no jvp rule yet (functx/primitives/indexing.py)",
-}
+KNOWN_GAPS = {}
 
 
 def test_lax_and_jax_inventory_is_covered_or_excluded():

@@ -269,6 +269,25 @@ def _scatter_add_transpose(ct, x, idx, u, *, update_jaxpr, update_consts, dimens
 transpose_rules[scatter_add_p] = _scatter_add_transpose
 
 
+def _scatter_sub_jvp(primals, tangents, **params):
+    """x - (updates landing on each place): linear in x and the updates."""
+    (x, idx, u), (tx, _, tu) = primals, tangents
+    out = bind(scatter_sub_p, x, idx, u, **params)
+    if type(tx) is Zero and type(tu) is Zero:
+        return out, Zero.of(out)
+    tx, tu = instantiate(tx), instantiate(tu)
+    return out, bind(scatter_sub_p, tx, idx, tu, **params)
+
+
+def _scatter_sub_transpose(ct, x, idx, u, **params):
+    t_x, _, t_u = _scatter_add_transpose(ct, x, idx, u, **params)
+    return [t_x, None, None if t_u is None else ew.neg(t_u)]
+
+
+jvp_rules[scatter_sub_p] = _scatter_sub_jvp
+transpose_rules[scatter_sub_p] = _scatter_sub_transpose
+
+
 def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_numbers,
                  indices_are_sorted, unique_indices, mode):
     """Scatter (overwrite). With unique indices the tangent is a scatter of
