@@ -7,6 +7,7 @@ from . import numpy, lax, nn, random  # noqa: F401
 from . import _array_api  # noqa: F401  (operators and methods of functx values)
 from . import test_util  # noqa: F401
 from . import autograd  # noqa: F401  (torch.autograd equivalents)
+from . import interop as _interop  # noqa: F401  (NOTE [JAX on functx values])
 from .errors import (
     ConcretizationError,
     EscapedTracerError,

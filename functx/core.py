@@ -33,6 +33,8 @@ from threading import get_ident as _get_ident
 import jax
 import numpy as np
 from jax import dtypes as _jax_dtypes
+from jax._src.core import set_current_trace as _set_jax_trace
+from jax._src.core import trace_ctx as _jax_trace_ctx
 
 from .errors import (
     ConcretizationError,
@@ -315,6 +317,10 @@ class Interpreter:
     def __init__(self):
         self.level = 0
         self.thread = _get_ident()  # NOTE [escaped tracers]
+        # The JAX trace its values live in: a JAX primitive bound on them
+        # under a newer JAX trace sees them as constants (NOTE [JAX on
+        # functx values] in functx/interop.py).
+        self.jax_trace = _jax_trace_ctx.trace
 
     @property
     def alive(self):
@@ -354,6 +360,7 @@ def new_interpreter(interp):
     stack = _state.stack
     interp.level = len(stack) + 1
     interp.thread = _get_ident()
+    interp.jax_trace = _jax_trace_ctx.trace  # NOTE [JAX on functx values]
     stack.append(interp)
     try:
         yield interp
@@ -419,7 +426,7 @@ def check_tree_usable(tree, what=None):
 eager_hook = None
 
 
-def bind(prim, *args, **params):
+def bind(prim, /, *args, **params):
     """Apply `prim` to `args`: hand it to the top interpreter among the
     arguments, or run it on JAX values when there is none (NOTE [levels])."""
     top = None
@@ -439,7 +446,29 @@ def bind(prim, *args, **params):
         if eager_hook is not None:
             return eager_hook(prim, impl, args, params)
         return impl(*args, **params)
+    if top.jax_trace is not _jax_trace_ctx.trace:
+        return _bind_under_newer_jax_trace(top, prim, args, params)
     return top.process(prim, args, params)
+
+
+def _bind_under_newer_jax_trace(top, prim, args, params):
+    """NOTE [JAX on functx values]: a functx primitive met while JAX traces
+    something begun inside the transform (a jax.lax loop body, a branch).
+    A value of that trace among the operands makes the functx values
+    constants of the JAX trace (JAX binds). Otherwise the functx values
+    are computed on at their own level, in the JAX context their transform
+    runs in, so nothing of the newer trace leaks into them."""
+    cur = _jax_trace_ctx.trace
+    for a in args:
+        if isinstance(a, _JaxTracer) and a._trace is cur:
+            if prim.jax is None:
+                raise missing_rule(prim, "JAX tracing", hint=(
+                    "This functx primitive has no JAX counterpart, so it cannot be staged "
+                    "into the JAX program being traced. Use functx.lax control flow, or "
+                    "functx.lift the JAX function."))
+            return prim.jax.bind(*args, **params)
+    with _set_jax_trace(top.jax_trace):
+        return top.process(prim, args, params)
 
 
 # --------------------------------------------------------------------------
@@ -459,12 +488,34 @@ class ImperativeValue:
         raise NotImplementedError
 
 
-class Tracer:
+class _NoPlacement:
+    """A jax.Array attribute about placement (sharding, device, ...) that a
+    functx value, like a JAX tracer, does not have: AttributeError, so JAX's
+    `hasattr(x, "sharding")` tests take their tracer branch."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        raise AttributeError(
+            f"a functx value ({obj.aval.str_short()}) has no `{self.name}`: it is "
+            "traced by a transform. Ask the transform's result."
+        )
+
+
+class Tracer(jax.Array):
     """A functx value inside a transform. It behaves like a jax.Array
-    (operators, methods and indexing are attached by functx._array_api)."""
+    (operators, methods and indexing are attached by functx._array_api) and
+    is one for `isinstance` (NOTE [JAX on functx values] in interop.py)."""
 
     __slots__ = ("_interp",)
     __array_priority__ = 1000
+    sharding = committed = device = _NoPlacement()
+    addressable_data = addressable_shards = global_shards = _NoPlacement()
+    is_fully_addressable = is_fully_replicated = _NoPlacement()
+    copy_to_host_async = to_device = _NoPlacement()
     __array_ufunc__ = None  # make NumPy defer to our reflected operators
     __hash__ = None
 
@@ -491,6 +542,14 @@ class Tracer:
     @property
     def weak_type(self):
         return self.aval.weak_type
+
+    @property
+    def itemsize(self):
+        return np.dtype(self.aval.dtype).itemsize
+
+    @property
+    def nbytes(self):
+        return self.aval.size * self.itemsize
 
     def __len__(self):
         if not self.shape:
@@ -580,89 +639,5 @@ def jax_misuse_error(value=None):
     )
 
 
-def _register_with_jax():
-    """Make JAX raise functx's explanatory error, not its own, when a functx
-    value reaches a JAX function.
-
-    JAX asks a per-type table for the abstract value of each argument; the
-    entries for functx tracers and autograd tensors raise. `jax.jit`-wrapped functions (most of
-    jax.numpy) turn any TypeError raised there into their own message, so
-    their argument check is wrapped to look for functx values first."""
-    from jax._src import core as jcore
-
-    def _refuse(x):
-        raise jax_misuse_error(x)
-
-    try:
-        from jax._src import pjit
-
-        infer = pjit._infer_input_type
-
-        def _infer_input_type(fun, dbg_fn, explicit_args):
-            for a in explicit_args:
-                if isinstance(a, (Tracer, ImperativeValue)):
-                    raise jax_misuse_error(a)
-            return infer(fun, dbg_fn, explicit_args)
-
-        pjit._infer_input_type = _infer_input_type
-    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
-        pass
-
-    # Primitive.bind wraps any TypeError from the table in its own message;
-    # surface ours instead (a try block costs nothing when nothing fails).
-    jax_bind = jcore.Primitive.bind
-
-    def bind(self, *args, **params):
-        try:
-            return jax_bind(self, *args, **params)
-        except TypeError as e:
-            if isinstance(e.__cause__, JaxOnFunctxValueError):
-                raise e.__cause__.with_traceback(None) from None
-            raise
-
-    jcore.Primitive.bind = bind
-
-    # jax.numpy functions that check their arguments before binding anything
-    # (argmax, where, ...) ask `_arraylike` of each.
-    try:
-        from jax._src.numpy import util as jnp_util
-
-        arraylike = jnp_util._arraylike
-
-        def _arraylike(x):
-            if isinstance(x, (Tracer, ImperativeValue)):
-                raise jax_misuse_error(x)
-            return arraylike(x)
-
-        jnp_util._arraylike = _arraylike
-    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
-        pass
-
-    for cls in (Tracer, ImperativeValue):
-        jcore.pytype_aval_mappings[cls] = _refuse
-    try:
-        from jax._src import dtypes as jdtypes
-
-        for cls in (Tracer, ImperativeValue):
-            jdtypes.canonicalize_value_handlers[cls] = _refuse
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from jax._src import api_util
-
-        for cls in (Tracer, ImperativeValue):
-            api_util._shaped_abstractify_handlers[cls] = _refuse
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from jax._src import xla
-
-        for cls in (Tracer, ImperativeValue):
-            xla.canonicalize_dtype_handlers[cls] = _refuse
-    except (ImportError, AttributeError):
-        pass
-
-
-_register_with_jax()
 
 from .interpreters.eval import impl_rules  # noqa: E402  (bottom of the stack)

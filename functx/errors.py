@@ -50,7 +50,22 @@ class EscapedTracerError(FunctxRuntimeError):
 
 
 class MissingRuleError(FunctxRuntimeError):
-    """A primitive has no rule for the transform that met it."""
+    """A primitive has no rule for the transform that met it.
+
+    A rule that finds out it cannot apply (a rule borrowed from JAX that JAX
+    does not have) raises it with `transform=None` and a message holding
+    `{transform}`; the interpreter running the rule names itself
+    (`name_transform`)."""
+
+    transform = "?"
+
+    def __init__(self, message="", transform="?"):
+        super().__init__(message)
+        self.transform = transform
+
+    def name_transform(self, transform):
+        self.transform = transform
+        self.args = (self.args[0].replace("{transform}", transform),)
 
 
 class ConcretizationError(FunctxRuntimeError):

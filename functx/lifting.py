@@ -157,6 +157,10 @@ class Program:
                     if not isinstance(v, jcore.DropVar):
                         scope[v] = s
                 fx = FROM_JAX.get(eqn.primitive)
+                if fx is None:  # NOTE [foreign primitives]
+                    from .primitives.foreign import foreign
+
+                    fx = foreign(eqn.primitive)
                 self.instrs.append((fx, eqn.primitive, ins, outs, dict(eqn.params)))
             return [slot_of(v, scope) for v in jaxpr.outvars]
 

@@ -14,6 +14,7 @@ from ..core import (
     Interpreter, Tracer, Zero, aval_of, bind, check_usable, missing_rule, new_interpreter,
 )
 from ..core import _state as _core_state
+from ..errors import MissingRuleError
 from .staging import eval_graph, split_known, stage
 
 jvp_rules = {}  # Primitive -> rule
@@ -81,7 +82,12 @@ class JVPInterpreter(Interpreter):
         rule = jvp_rules.get(prim)
         if rule is None:
             raise missing_rule(prim, self.transform)
-        out, tangent_out = rule(primals, tangents, **params)
+        try:
+            out, tangent_out = rule(primals, tangents, **params)
+        except MissingRuleError as e:
+            if e.transform is None:  # a rule that could not name the transform
+                e.name_transform(self.transform)
+            raise
         if prim.multiple_results:
             return [self.box(o, t) for o, t in zip(out, tangent_out, strict=True)]
         return self.box(out, tangent_out)

@@ -1,0 +1,232 @@
+"""Foreign primitives: JAX primitives functx has no definition of (a
+library's own primitives: Equinox's internals, lineax's `linear_solve`, a
+user's `jax.extend` primitive), run with the rules JAX registered for them.
+
+NOTE [foreign primitives]
+`foreign(jax_prim)` makes, once per JAX primitive, a functx primitive that
+evaluates by binding the JAX primitive and whose every rule is the JAX
+transform of that one primitive, staged and lifted (the generalisation of
+NOTE [rules borrowed from JAX] in conv.py):
+
+  shape      JAX's abstract evaluation;
+  jvp        `jax.jvp` of the bind (symbolic zero tangents instantiated,
+             float0 for integer operands);
+  transpose  JAX's transpose rule of the primitive, applied to
+             `UndefinedPrimal`s for the linear operands;
+  batching   JAX's batching rule (its outputs may stay unbatched).
+
+Each staged function is replayed as functx primitives (`call_lifted`), so
+what JAX's rule emits (often the same primitive again, or other foreign
+primitives) composes with every functx transform at any depth. A rule JAX
+does not have surfaces as functx's MissingRuleError naming the primitive
+and the transform. Lifting (`lifting.Program`) and the bind-time translation
+(interop.py) both turn an unknown JAX primitive into its foreign twin.
+"""
+
+import functools
+
+import jax
+from jax._src import core as jcore
+from jax._src.interpreters import ad as jax_ad
+from jax._src.interpreters import batching as jax_batching
+
+from ..core import FROM_JAX, Aval, Primitive, Zero, aval_of, is_inexact_dtype
+from ..errors import MissingRuleError
+from ..interpreters.eval import defimpl
+from ..lifting import call_lifted
+from .common import batch_rules, instantiate, is_linear, jvp_rules, shape_rules, transpose_rules
+
+_FOREIGN = {}  # JAX primitive -> functx primitive
+
+
+def foreign(jax_prim):
+    """The functx twin of a JAX primitive functx does not define."""
+    fx = FROM_JAX.get(jax_prim)
+    if fx is not None:
+        return fx
+    fx = _FOREIGN.get(jax_prim)
+    if fx is None:
+        fx = _FOREIGN[jax_prim] = _define(jax_prim)
+    return fx
+
+
+class _Params:
+    """A primitive's parameters as a hashable cache key part (compared by
+    value where they hash, else by identity), and as a dict."""
+
+    __slots__ = ("items", "_hash")
+
+    def __init__(self, params):
+        self.items = tuple(params.items())
+        try:
+            self._hash = hash(self.items)
+        except TypeError:
+            self._hash = None
+
+    def __hash__(self):
+        return id(self) if self._hash is None else self._hash
+
+    def __eq__(self, other):
+        if self._hash is None or type(other) is not _Params or other._hash is None:
+            return self is other
+        return self.items == other.items
+
+    def dict(self):
+        return dict(self.items)
+
+
+def _cached(fn):
+    """Memoise a staged-function factory on hashable keys (a bounded cache:
+    the lifting cache keys on the returned function's identity)."""
+    return functools.lru_cache(maxsize=1024)(fn)
+
+
+def _missing(jax_prim, transform, err):
+    """The error for a rule JAX does not have; `transform` None: the
+    interpreter running the rule fills in its own name (the one the user
+    called: grad, jacrev, ...)."""
+    return MissingRuleError(
+        f"{'{transform}' if transform is None else transform}: the JAX primitive "
+        f"`{jax_prim.name}` has no {transform or 'derivative'} rule, neither in functx "
+        f"nor in JAX ({type(err).__name__}: {err}). Rewrite that part with functx.numpy "
+        "/ functx.lax operations, or file an issue naming the primitive and the transform.",
+        transform=transform,
+    )
+
+
+def _define(jax_prim):
+    fx = Primitive(jax_prim.name, jax_prim, jax_prim.multiple_results)
+    multiple = jax_prim.multiple_results
+
+    def impl(*args, **params):
+        return jax_prim.bind(*args, **params)
+
+    defimpl(fx, impl)
+
+    def shape(*avals, **params):
+        javals = [jcore.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+        try:
+            out = jax_prim.abstract_eval(*javals, **params)
+        except Exception as e:  # noqa: BLE001 - JAX's own rule failed: name it
+            raise _missing(jax_prim, "shape inference", e) from e
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (set, frozenset)):
+            out = out[0]
+        if multiple:
+            return [Aval(o.shape, o.dtype, o.weak_type) for o in out]
+        return Aval(out.shape, out.dtype, out.weak_type)
+
+    shape_rules[fx] = shape
+
+    def bound(params):
+        return functools.partial(jax_prim.bind, **params.dict())
+
+    @_cached
+    def jvp_fn(params, nonzero):
+        rule = jax_ad.primitive_jvps.get(jax_prim)
+        if rule is None:
+            raise _missing(jax_prim, None, KeyError("JAX registers no jvp rule"))
+        p = params.dict()
+
+        def jvp(primals, live):
+            live = iter(live)
+            tangents = [next(live) if nz else jax_ad.Zero(jcore.typeof(x).to_tangent_aval())
+                        for x, nz in zip(primals, nonzero)]
+            out, t_out = rule(primals, tangents, **p)
+            if multiple:
+                return out, [None if type(t) is jax_ad.Zero else t for t in t_out]
+            return out, (None if type(t_out) is jax_ad.Zero else t_out)
+
+        return jvp
+
+    def jvp_rule(primals, tangents, **params):
+        nonzero = tuple(type(t) is not Zero and is_inexact_dtype(aval_of(p).dtype)
+                        for p, t in zip(primals, tangents))
+        if not any(nonzero):
+            out = bind_fx(fx, primals, params)
+            return out, ([Zero.of(o) for o in out] if multiple else Zero.of(out))
+        live = [instantiate(t) for t, nz in zip(tangents, nonzero) if nz]
+        try:
+            out, t_out = call_lifted(jvp_fn(_Params(params), nonzero), (list(primals), live), {})
+        except NotImplementedError as e:
+            raise _missing(jax_prim, None, e) from e
+        def tangent(o, t):
+            return t if t is not None and is_inexact_dtype(aval_of(o).dtype) else Zero.of(o)
+
+        if multiple:
+            return out, [tangent(o, t) for o, t in zip(out, t_out)]
+        return out, tangent(out, t_out)
+
+    jvp_rules[fx] = jvp_rule
+
+    @_cached
+    def transpose_fn(params, linear_avals):
+        rule = jax_ad.primitive_transposes.get(jax_prim)
+        if rule is None:
+            raise _missing(jax_prim, "transpose", KeyError("no transpose rule"))
+        p = params.dict()
+
+        def transpose(cts, nonlinear):
+            nonlinear = iter(nonlinear)
+            args = [jax_ad.UndefinedPrimal(jcore.ShapedArray(a.shape, a.dtype))
+                    if a is not None else next(nonlinear) for a in linear_avals]
+            ct = cts if multiple else cts[0]
+            out = rule(ct, *args, **p)
+            return [None if a is None else _materialise(c, a)
+                    for c, a in zip(out, linear_avals)]
+
+        return transpose
+
+    def transpose_rule(ct, *args, **params):
+        linear_avals = tuple(a.aval if is_linear(a) else None for a in args)
+        cts = list(ct) if multiple else [ct]
+        cts = [instantiate(c) if type(c) is not Zero else _zeros_of(c.aval) for c in cts]
+        nonlinear = [a for a in args if not is_linear(a)]
+        fn = transpose_fn(_Params(params), linear_avals)
+        out = call_lifted(fn, (cts, nonlinear), {})
+        return [o if a is not None else None for o, a in zip(out, linear_avals)]
+
+    transpose_rules[fx] = transpose_rule
+
+    @_cached
+    def batch_fn(params, dims, size):
+        rule = jax_batching.fancy_primitive_batchers.get(jax_prim)
+        if rule is None:
+            raise _missing(jax_prim, "vmap", KeyError("JAX registers no batching rule"))
+        p = params.dict()
+        axis = jax_batching.AxisData(None, size, None, None)
+
+        def batched(*vals):
+            out, out_dims = rule(axis, vals, dims, **p)
+            out_dims = out_dims if multiple else [out_dims]
+            # (-1: not batched; static outputs of the lifted function)
+            return out, [-1 if d is None else d for d in out_dims]
+
+        return batched
+
+    def batch_rule(size, vals, dims, **params):
+        out, out_dims = call_lifted(batch_fn(_Params(params), tuple(dims), size), tuple(vals), {})
+        out_dims = [None if d == -1 else d for d in out_dims]
+        return out, (out_dims if multiple else out_dims[0])
+
+    batch_rules[fx] = batch_rule
+    return fx
+
+
+def bind_fx(fx, args, params):
+    from ..core import bind
+
+    return bind(fx, *args, **params)
+
+
+def _zeros_of(aval):
+    from .structural import full
+
+    return full(aval.shape, 0, aval.dtype)
+
+
+def _materialise(c, aval):
+    """A JAX transpose rule's cotangent (None or a symbolic zero allowed) as
+    an array of the operand's shape."""
+    if c is None or type(c) is jax_ad.Zero:
+        return jax.numpy.zeros(aval.shape, aval.dtype)
+    return c
