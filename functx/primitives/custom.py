@@ -476,6 +476,9 @@ def _custom_vjp_jvp(primals, tangents, *, call, rule, num_consts, name):
     if not any(nonzero):
         outs = bind(custom_vjp_call, *primals, call=call, rule=rule, num_consts=nc, name=name)
         return outs, [Zero.of(o) for o in outs]
+    for_flags = getattr(rule, "for_flags", None)  # a rule lifted from JAX
+    if for_flags is not None:
+        rule = for_flags(nonzero)
     with perturbed_while(nonzero):
         outs, res, res_tree = rule.fwd(list(primals[:nc]), list(primals[nc:]))
     res_avals = tuple(aval_of(r) for r in res)
@@ -728,7 +731,10 @@ class _LiftedVJPRule:
 
     kind = "custom_vjp"
 
-    def __init__(self, params, primal_avals, name, operands=()):
+    def __init__(self, params, primal_avals, name, operands=(), flags=None):
+        self.params = params
+        self.flags = flags  # per primal: is it perturbed (None: all are)
+        self.variants = {}
         self.thunk = params["fwd_jaxpr_thunk"]
         self.jax_bwd_fun = params["bwd"]
         self.out_trees = params["out_trees"]
@@ -746,8 +752,19 @@ class _LiftedVJPRule:
     def __repr__(self):
         return f"fwd/bwd of {self.name}"
 
+    def for_flags(self, flags):
+        """The rule for one pattern of perturbed primals: JAX traces fwd per
+        pattern (`CustomVJPPrimal.perturbed`, which e.g. Equinox checks), so
+        its graphs and residuals are per pattern too."""
+        sub = self.variants.get(flags)
+        if sub is None:
+            sub = self.variants[flags] = _LiftedVJPRule(
+                self.params, self.primal_avals, self.name, self.operands, flags)
+        return sub
+
     def _trace_fwd(self, n_primals):
-        jaxpr, jconsts = self.thunk.call_wrapped(*[True] * n_primals)
+        flags = self.flags if self.flags is not None else (True,) * n_primals
+        jaxpr, jconsts = self.thunk.call_wrapped(*flags)
         out_tree, _, self.forwards = self.out_trees()
         self.n_out = out_tree.num_leaves
         # Residuals fwd returns as Python values (a `.perturbed` flag, a
