@@ -189,3 +189,34 @@ def _run(function, args, kwargs):
     name = getattr(function, "__name__", "fn")
     outs = bind(checkpoint_call, *arrays, *captured, graph=graph, name=name)
     return tree_util.tree_unflatten(out_tree[0], list(outs))
+
+
+# `jax.checkpoint` / `remat` in JAX code functx translates (lifting.py,
+# interop.py) becomes `checkpoint_call`, so JAX code keeps its memory saving
+# under functx's reverse mode. A JAX saving policy (`policy=`) is not
+# followed: functx saves the inputs only (JAX's `nothing_saveable`), which
+# is the least memory; the derivatives are the same either way.
+
+
+def _lift_remat(params):
+    from jax.extend.core import ClosedJaxpr
+
+    from ..lifting import graph_of_jaxpr
+
+    jaxpr = params["jaxpr"]
+    if not isinstance(jaxpr, ClosedJaxpr):
+        jaxpr = ClosedJaxpr(jaxpr, ())
+    return checkpoint_call, dict(graph=graph_of_jaxpr(jaxpr), name="jax.checkpoint")
+
+
+_lift_remat.primitive = checkpoint_call
+
+
+def _register_lift_rules():
+    from ..lifting import LIFT_RULES
+
+    for name in ("checkpoint", "remat", "remat2"):
+        LIFT_RULES[name] = _lift_remat
+
+
+_register_lift_rules()
