@@ -1,0 +1,271 @@
+"""JAX code inside functx transforms, unchanged (NOTE [JAX on functx values]
+in functx/interop.py, NOTE [foreign primitives] in primitives/foreign.py):
+jax.numpy / jax.nn / jax.lax / jax.jit helpers / custom rules called on
+functx values with no `lift`, user primitives that only JAX has rules for,
+and the JAX libraries users bring (optax, Equinox, Flax, diffrax, lineax,
+optimistix). Every result against JAX's own transforms of the same program,
+float64."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util
+
+import functx as fx
+
+X = jnp.array([0.5, 1.0, 2.0])
+XS = jnp.stack([X, -X, X + 1.0])
+
+
+def close(a, b):
+    return all(np.allclose(p, q, rtol=1e-10, atol=1e-12)
+               for p, q in zip(tree_util.tree_leaves(a), tree_util.tree_leaves(b), strict=True))
+
+
+# Each: (name, f of one array argument).
+FUNCTIONS = {
+    "jnp.sin": lambda x: jnp.sin(x).sum(),
+    "softmax": lambda x: (jax.nn.softmax(x) * jnp.arange(3.0)).sum(),
+    "logsumexp": jax.nn.logsumexp,
+    "argmax index": lambda x: x[jnp.argmax(x)] * x.sum(),
+    "where": lambda x: jnp.where(x > 1.0, x ** 2, -x).sum(),
+    "take + stack": lambda x: jnp.stack([jnp.take(x, jnp.array([0, 2])), x[:2] ** 2]).sum(),
+    "asarray / array": lambda x: (jnp.asarray(x, jnp.float64) * jnp.array([x[0], 1.0, x[2]])).sum(),
+    "linalg": lambda x: jnp.linalg.norm(jnp.linalg.solve(jnp.eye(3) * 2.0 + 0.1, x)),
+    "custom_jvp relu/gelu": lambda x: (jax.nn.relu(x - 1.0) + jax.nn.gelu(x)).sum(),
+    "jax.jit helper": lambda x: jax.jit(lambda v: jnp.tanh(v) @ v)(x),
+    "jax.jit closing over": lambda x: jax.jit(lambda v: (v * x).sum())(jnp.ones(3)),
+    "cond closure": lambda x: jax.lax.cond(x[0] > 0, lambda: x.sum(), lambda: -x.sum()),
+    "fori closure": lambda x: jax.lax.fori_loop(0, 3, lambda i, c: c * x, jnp.ones(3)).sum(),
+    "scan": lambda x: jax.lax.scan(lambda c, a: (c * a + x[0], c), 1.0, x)[0],
+    "python if": lambda x: jnp.sum(x) if jnp.sum(x) > 0 else -jnp.sum(x),
+}
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_jax_functions_on_functx_values(name):
+    f = FUNCTIONS[name]
+    assert close(fx.grad(f)(X), jax.grad(f)(X))
+    assert close(fx.jvp(f, (X,), (X,)), jax.jvp(f, (X,), (X,)))
+    if name != "python if":
+        assert close(fx.vmap(fx.grad(f))(XS), jax.vmap(jax.grad(f))(XS))
+        assert close(fx.hessian(f)(X), jax.hessian(f)(X))
+
+
+def test_functx_jit_of_transforms_of_jax_code():
+    f = FUNCTIONS["softmax"]
+    assert close(fx.jit(fx.vmap(fx.grad(f)))(XS), jax.vmap(jax.grad(f))(XS))
+    g = FUNCTIONS["fori closure"]
+    assert close(fx.jit(fx.grad(g))(X), jax.grad(g)(X))
+
+
+def test_data_dependent_branch_in_jax_code_under_vmap_names_the_line():
+    with pytest.raises(fx.ConcretizationError, match="test_interop.py"):
+        fx.vmap(FUNCTIONS["python if"])(XS)
+
+
+def test_user_custom_vjp_and_while_loop_closure():
+    @jax.custom_vjp
+    def clip_grad(x):
+        return x
+
+    clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -0.5, 0.5),))
+
+    def f(x):
+        return (clip_grad(x ** 2) * x).sum()
+
+    assert close(fx.grad(f)(X), jax.grad(f)(X))
+    assert close(fx.vmap(fx.grad(f))(XS), jax.vmap(jax.grad(f))(XS))
+
+    def g(x):  # forward mode through a while loop closing over x
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * x), (0, x))[1]
+
+    assert close(fx.jvp(g, (X,), (X,)), jax.jvp(g, (X,), (X,)))
+    assert close(fx.jacfwd(g)(X), jax.jacfwd(g)(X))
+
+
+def _user_primitive():
+    """A primitive defined the way a JAX library defines one: impl, abstract
+    eval, jvp, transpose (of its linear companion) and batching, in JAX."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir
+
+    cube = Primitive("test_user_cube")
+    scale = Primitive("test_user_scale")  # linear: x * k
+    for p, fn in ((cube, lambda x: x ** 3), (scale, lambda x, *, k: x * k)):
+        p.def_impl(fn)
+        p.def_abstract_eval(lambda x, **_: jax.core.ShapedArray(x.shape, x.dtype))
+        mlir.register_lowering(p, mlir.lower_fun(fn, multiple_results=False))
+    ad.defjvp(cube, lambda t, x: scale.bind(t, k=3.0) * x ** 2)
+    ad.deflinear(scale, lambda ct, *, k: [scale.bind(ct, k=k)])
+    batching.defvectorized(cube)
+    batching.defvectorized(scale)
+    return cube
+
+
+def test_a_primitive_only_jax_has_rules_for_borrows_them():
+    cube = _user_primitive()
+
+    def f(x):
+        return jnp.sin(cube.bind(x)).sum()
+
+    assert close(fx.grad(f)(X), jax.grad(f)(X))
+    assert close(fx.jacfwd(fx.grad(f))(X), jax.jacfwd(jax.grad(f))(X))
+    assert close(fx.vmap(fx.grad(f))(XS), jax.vmap(jax.grad(f))(XS))
+    assert close(fx.jit(fx.grad(f))(X), jax.grad(f)(X))
+
+
+def test_a_primitive_without_any_jax_rule_names_itself_and_the_transform():
+    def f(v):
+        return jnp.sum(jax.lax.linalg.cholesky_update(jnp.eye(2) * 2.0, v))
+
+    v = jnp.array([0.5, 0.25])
+    assert close(fx.lift(f)(v), f(v))
+    for transform in ("jacrev", "grad", "jacfwd"):
+        with pytest.raises(fx.MissingRuleError, match=f"{transform}.*`cholesky_update`"):
+            getattr(fx, transform)(f)(v)
+    with pytest.raises(fx.MissingRuleError, match="vmap.*`cholesky_update`"):
+        fx.vmap(f)(jnp.stack([v, v]))
+
+
+# --------------------------------------------------------------------------
+# Libraries (test-only dependencies)
+
+
+def test_optax_loss_and_update_step():
+    optax = pytest.importorskip("optax")
+    logits = jnp.linspace(-1.0, 1.0, 20).reshape(4, 5)
+    labels = jnp.array([0, 1, 2, 3])
+
+    def loss(l):
+        return optax.softmax_cross_entropy_with_integer_labels(l, labels).mean()
+
+    assert close(fx.grad(loss)(logits), jax.grad(loss)(logits))
+    opt = optax.adam(1e-2)
+    state = opt.init(logits)
+
+    def meta(l, grad):
+        updates, _ = opt.update(grad(loss)(l), state, l)
+        return loss(optax.apply_updates(l, updates))
+
+    assert close(fx.grad(lambda l: meta(l, fx.grad))(logits),
+                 jax.grad(lambda l: meta(l, jax.grad))(logits))
+
+
+def test_equinox_model_called_directly():
+    eqx = pytest.importorskip("equinox")
+    mlp = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
+
+    def loss(x):
+        return jnp.sum(mlp(x) ** 2)
+
+    assert close(fx.vmap(fx.grad(loss))(XS), jax.vmap(jax.grad(loss))(XS))
+    assert close(fx.grad(lambda x: eqx.filter_jit(loss)(x))(X), jax.grad(loss)(X))
+    params, static = eqx.partition(mlp, eqx.is_array)
+
+    def per_param_loss(p, x):
+        return jnp.sum(eqx.combine(p, static)(x) ** 2)
+
+    got = fx.vmap(fx.grad(per_param_loss), in_dims=(None, 0))(params, XS)
+    want = jax.vmap(jax.grad(per_param_loss), in_axes=(None, 0))(params, XS)
+    assert close(got, want)
+    # eqx.error_if: silent on valid input, raising on invalid input
+    assert close(fx.grad(lambda x: eqx.error_if(x, x < 0, "negative").sum())(X), jnp.ones(3))
+    with pytest.raises(Exception, match="negative"):
+        fx.grad(lambda x: eqx.error_if(x, x < 0, "negative").sum())(-X)
+
+
+def test_flax_linen_and_nnx_ntk_by_vmap_jacrev():
+    nn = pytest.importorskip("flax.linen")
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(jnp.tanh(nn.Dense(4)(x)))
+
+    model = MLP()
+    params = model.init(jax.random.key(0), X)
+    got = fx.vmap(fx.jacrev(model.apply), in_dims=(None, 0))(params, XS)
+    want = jax.vmap(jax.jacrev(model.apply), in_axes=(None, 0))(params, XS)
+    assert close(got, want)
+    nnx = pytest.importorskip("flax.nnx")
+    graphdef, state = nnx.split(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+
+    def apply(state, x):
+        return jnp.tanh(nnx.merge(graphdef, state)(x))
+
+    got = fx.vmap(fx.jacrev(apply), in_dims=(None, 0))(state, XS)
+    want = jax.vmap(jax.jacrev(apply), in_axes=(None, 0))(state, XS)
+    assert close(got, want)
+
+
+def test_diffrax_ode_solve_under_transforms():
+    diffrax = pytest.importorskip("diffrax")
+
+    def solve(y0, a, adjoint=diffrax.RecursiveCheckpointAdjoint()):
+        term = diffrax.ODETerm(lambda t, y, args: -args * jnp.tanh(y))
+        sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0, args=a,
+                                  saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, 1.0, 3)),
+                                  adjoint=adjoint)
+        return sol.ys
+
+    y0 = X[:2]
+
+    def loss(y0, a):
+        return solve(y0, a).sum()
+
+    assert close(fx.grad(loss, argnums=1)(y0, 0.5), jax.grad(loss, argnums=1)(y0, 0.5))
+    ys = jnp.stack([y0, 2.0 * y0])
+    assert close(fx.vmap(loss, in_dims=(0, None))(ys, 0.5), jax.vmap(loss, in_axes=(0, None))(ys, 0.5))
+    fwd = diffrax.ForwardMode()
+    assert close(fx.jacfwd(lambda y: solve(y, 0.5, fwd))(y0),
+                 jax.jacfwd(lambda y: solve(y, 0.5, fwd))(y0))
+
+
+def test_lineax_and_optimistix_implicit_derivatives():
+    lx = pytest.importorskip("lineax")
+    optx = pytest.importorskip("optimistix")
+    a = jnp.array([[3.0, 1.0], [1.0, 2.0]])
+
+    def lsolve(b):
+        return jnp.sum(lx.linear_solve(lx.MatrixLinearOperator(a), b).value ** 2)
+
+    b = X[:2]
+    assert close(fx.grad(lsolve)(b), jax.grad(lsolve)(b))
+    assert close(fx.vmap(fx.grad(lsolve))(XS[:, :2]), jax.vmap(jax.grad(lsolve))(XS[:, :2]))
+    assert close(fx.hessian(lsolve)(b), jax.hessian(lsolve)(b))
+
+    def root(c):
+        sol = optx.root_find(lambda y, c: y ** 3 - c, optx.Newton(1e-10, 1e-10), jnp.array(1.0),
+                             args=c)
+        return sol.value
+
+    assert close(fx.grad(root)(2.0), jax.grad(root)(2.0))
+
+
+def test_jax_checkpoint_in_jax_code_keeps_its_memory_saving():
+    """A checkpointed recurrent cell in a scan: same gradient as JAX, and the
+    compiled backward pass needs JAX's temp memory, less than without it."""
+    h_size = 32
+
+    def run(w, xs, checkpointed):
+        def cell(h, x):
+            return jnp.tanh(h @ w + x)
+
+        body = jax.checkpoint(cell) if checkpointed else cell
+        h, _ = jax.lax.scan(lambda h, x: (body(h, x), None), jnp.zeros(h_size), xs)
+        return h.sum()
+
+    w, xs = jnp.eye(h_size) * 0.5, jnp.full((100, h_size), 0.1)
+
+    def temp(grad, checkpointed):
+        fn = jax.jit(grad(lambda w: run(w, xs, checkpointed)))
+        return fn, fn.lower(w).compile().memory_analysis().temp_size_in_bytes
+
+    fx_fn, fx_temp = temp(fx.grad, True)
+    jax_fn, jax_temp = temp(jax.grad, True)
+    assert close(fx_fn(w), jax_fn(w))
+    assert fx_temp == jax_temp
+    assert fx_temp < temp(fx.grad, False)[1]
