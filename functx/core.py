@@ -261,12 +261,15 @@ class Primitive:
     (interpreters/*.py); each primitive module fills them in next to the
     primitive's definition."""
 
-    __slots__ = ("name", "jax", "multiple_results", "__weakref__")
+    __slots__ = ("name", "jax", "multiple_results", "effectful", "__weakref__")
 
-    def __init__(self, name, jax_primitive=None, multiple_results=False):
+    def __init__(self, name, jax_primitive=None, multiple_results=False, effectful=False):
         self.name = name
         self.jax = jax_primitive
         self.multiple_results = multiple_results
+        # An effect (a callback, a print): its equations are kept by dead-code
+        # elimination even when nothing uses their outputs.
+        self.effectful = effectful
         PRIMITIVES[name] = self
         if jax_primitive is not None:
             FROM_JAX[jax_primitive] = self

@@ -269,3 +269,39 @@ def test_jax_checkpoint_in_jax_code_keeps_its_memory_saving():
     assert close(fx_fn(w), jax_fn(w))
     assert fx_temp == jax_temp
     assert fx_temp < temp(fx.grad, False)[1]
+
+
+def test_callbacks_in_jax_code_run_when_their_branch_runs():
+    """jax.debug.callback in a lax.cond branch: called exactly as JAX calls
+    it (once when taken, never when not), under grad, vmap and jit; an
+    io_callback under grad refuses its derivative naming it and grad."""
+    calls = []
+
+    def record(v):
+        calls.append(np.asarray(v).copy())
+
+    def f(x, flag):
+        def taken(x):
+            jax.debug.callback(record, x)
+            return x * 2.0
+
+        return jax.lax.cond(flag, taken, lambda x: x * 3.0, x).sum()
+
+    def count(fn):
+        calls.clear()
+        jax.block_until_ready(fn())
+        return len(calls)
+
+    for flag in (True, False):
+        assert count(lambda: fx.grad(f)(X, flag)) == count(lambda: jax.grad(f)(X, flag))
+        assert count(lambda: fx.vmap(lambda x: f(x, flag))(XS)) == \
+            count(lambda: jax.vmap(lambda x: f(x, flag))(XS))
+        assert count(lambda: fx.jit(fx.grad(f), static_argnums=1)(X, flag)) == int(flag)
+    from jax.experimental import io_callback
+
+    def g(x):
+        return (io_callback(lambda v: np.asarray(v) * 0, jax.ShapeDtypeStruct((3,), X.dtype), x)
+                + x).sum()
+
+    with pytest.raises(fx.MissingRuleError, match="grad.*io_callback"):
+        fx.grad(g)(X)

@@ -160,7 +160,7 @@ def dce(graph):
     live = {x for x in graph.outputs if type(x) is Var}
     kept = []
     for eqn in reversed(graph.eqns):
-        if any(v in live for v in eqn.outputs):
+        if eqn.prim.effectful or any(v in live for v in eqn.outputs):
             kept.append(eqn)
             live.update(x for x in eqn.inputs if type(x) is Var)
     kept.reverse()

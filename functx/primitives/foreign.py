@@ -110,7 +110,9 @@ def _define(jax_prim):
         except Exception as e:  # noqa: BLE001 - JAX's own rule failed: name it
             raise _missing(jax_prim, "shape inference", e) from e
         if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (set, frozenset)):
-            out = out[0]
+            out, effects = out
+            if effects:  # a callback, a print: staged graphs keep it (dce)
+                fx.effectful = True
         if multiple:
             return [Aval(o.shape, o.dtype, o.weak_type) for o in out]
         return Aval(out.shape, out.dtype, out.weak_type)
@@ -147,7 +149,7 @@ def _define(jax_prim):
         live = [instantiate(t) for t, nz in zip(tangents, nonzero) if nz]
         try:
             out, t_out = call_lifted(jvp_fn(_Params(params), nonzero), (list(primals), live), {})
-        except NotImplementedError as e:
+        except (NotImplementedError, ValueError) as e:  # JAX's rule refuses
             raise _missing(jax_prim, None, e) from e
         def tangent(o, t):
             return t if t is not None and is_inexact_dtype(aval_of(o).dtype) else Zero.of(o)
