@@ -243,6 +243,9 @@ def test_lineax_and_optimistix_implicit_derivatives():
         return sol.value
 
     assert close(fx.grad(root)(2.0), jax.grad(root)(2.0))
+    cs = jnp.array([2.0, 3.0])
+    assert close(fx.vmap(fx.grad(root))(cs), jax.vmap(jax.grad(root))(cs))
+    assert close(fx.hessian(root)(2.0), jax.hessian(root)(2.0))
 
 
 def test_jax_checkpoint_in_jax_code_keeps_its_memory_saving():
