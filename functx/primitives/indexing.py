@@ -243,16 +243,21 @@ def _zeros(aval):
     return st.full(aval.shape, 0, aval.dtype)
 
 
-def _scatter_add_jvp(primals, tangents, **params):
-    (x, idx, u), (tx, _, tu) = primals, tangents
-    out = bind(scatter_add_p, x, idx, u, **params)
-    if type(tx) is Zero and type(tu) is Zero:
-        return out, Zero.of(out)
-    tx, tu = instantiate(tx), instantiate(tu)
-    return out, bind(scatter_add_p, tx, idx, tu, **params)
+def _linear_scatter_jvp(prim):
+    """scatter-add and scatter-sub are linear in the operand and the
+    updates: the tangent is the same scatter of the tangents."""
+
+    def jvp(primals, tangents, **params):
+        (x, idx, u), (tx, _, tu) = primals, tangents
+        out = bind(prim, x, idx, u, **params)
+        if type(tx) is Zero and type(tu) is Zero:
+            return out, Zero.of(out)
+        return out, bind(prim, instantiate(tx), idx, instantiate(tu), **params)
+
+    jvp_rules[prim] = jvp
 
 
-jvp_rules[scatter_add_p] = _scatter_add_jvp
+_linear_scatter_jvp(scatter_add_p)
 
 
 def _scatter_add_transpose(ct, x, idx, u, *, update_jaxpr, update_consts, dimension_numbers,
@@ -269,22 +274,12 @@ def _scatter_add_transpose(ct, x, idx, u, *, update_jaxpr, update_consts, dimens
 transpose_rules[scatter_add_p] = _scatter_add_transpose
 
 
-def _scatter_sub_jvp(primals, tangents, **params):
-    """x - (updates landing on each place): linear in x and the updates."""
-    (x, idx, u), (tx, _, tu) = primals, tangents
-    out = bind(scatter_sub_p, x, idx, u, **params)
-    if type(tx) is Zero and type(tu) is Zero:
-        return out, Zero.of(out)
-    tx, tu = instantiate(tx), instantiate(tu)
-    return out, bind(scatter_sub_p, tx, idx, tu, **params)
-
-
 def _scatter_sub_transpose(ct, x, idx, u, **params):
     t_x, _, t_u = _scatter_add_transpose(ct, x, idx, u, **params)
     return [t_x, None, None if t_u is None else ew.neg(t_u)]
 
 
-jvp_rules[scatter_sub_p] = _scatter_sub_jvp
+_linear_scatter_jvp(scatter_sub_p)
 transpose_rules[scatter_sub_p] = _scatter_sub_transpose
 
 
