@@ -216,12 +216,9 @@ def test_diffrax_ode_solve_under_transforms():
     def loss(y0, a):
         return solve(y0, a).sum()
 
-    assert close(fx.grad(loss, argnums=1)(y0, 0.5), jax.grad(loss, argnums=1)(y0, 0.5))
+    # (grad, vmap(grad) and jacfwd, under functx.jit: examples/neural_ode.py)
     ys = jnp.stack([y0, 2.0 * y0])
     assert close(fx.vmap(loss, in_dims=(0, None))(ys, 0.5), jax.vmap(loss, in_axes=(0, None))(ys, 0.5))
-    fwd = diffrax.ForwardMode()
-    assert close(fx.jacfwd(lambda y: solve(y, 0.5, fwd))(y0),
-                 jax.jacfwd(lambda y: solve(y, 0.5, fwd))(y0))
 
 
 def test_lineax_and_optimistix_implicit_derivatives():
@@ -233,7 +230,6 @@ def test_lineax_and_optimistix_implicit_derivatives():
         return jnp.sum(lx.linear_solve(lx.MatrixLinearOperator(a), b).value ** 2)
 
     b = X[:2]
-    assert close(fx.grad(lsolve)(b), jax.grad(lsolve)(b))
     assert close(fx.vmap(fx.grad(lsolve))(XS[:, :2]), jax.vmap(jax.grad(lsolve))(XS[:, :2]))
     assert close(fx.hessian(lsolve)(b), jax.hessian(lsolve)(b))
 
@@ -242,7 +238,6 @@ def test_lineax_and_optimistix_implicit_derivatives():
                              args=c)
         return sol.value
 
-    assert close(fx.grad(root)(2.0), jax.grad(root)(2.0))
     cs = jnp.array([2.0, 3.0])
     assert close(fx.vmap(fx.grad(root))(cs), jax.vmap(jax.grad(root))(cs))
     assert close(fx.hessian(root)(2.0), jax.hessian(root)(2.0))
