@@ -23,6 +23,7 @@ __all__ = [
     "add_tangents", "broadcast_to_shape", "unbroadcast", "unary_batch",
     "broadcasting_batch", "moveaxis", "bdim_to_front", "same_aval",
     "nary_shape", "predicate_shape", "instantiate", "scalar_constant",
+    "full_like", "zeros_of",
 ]
 
 
@@ -37,34 +38,96 @@ def defprim(name, jax_prim=None, multiple_results=False):
 _scalars = {}
 
 
-def scalar_constant(value, dtype):
-    """A 0-d constant of `dtype` as a concrete device array, cached: JAX's
-    dispatch takes device arrays faster than NumPy scalars, and lax ops need
-    exactly equal dtypes. Created under `ensure_compile_time_eval`, so a
-    constant first made while JAX traces is still a concrete array."""
-    key = (value, dtype)
+# NOTE [weak types in rules]
+# JAX's weak-type flag (a Python scalar's "weak" float32/64, which adopts
+# the dtype of the array it meets) comes out of functx's rules as out of
+# JAX's: a derivative at a Python float is weakly typed under jax.grad, and
+# code relies on it (added to a float16 array it stays float16). lax
+# operations give a weak result only where every operand is weak, so one
+# strongly typed constant in a rule makes the whole result strong. Hence:
+# * the constants a rule makes beside a value x (`scalar_like`,
+#   `full_like`, `convert_like`) and the zeros of an aval (`zeros_of`,
+#   `instantiate`) carry x's (the aval's) weak type, as JAX's
+#   `full_like(x, c)` and its symbolic zeros do;
+# * where JAX's rule is strongly typed on purpose, so is functx's: a cast
+#   (pow's derivative), `lax.full(shape, 0, dtype)` (gather's transpose), a
+#   NumPy constant beside a value that is always an array (the transposes
+#   of slice and pad); where JAX writes a rule with jnp operators (the
+#   special functions), `_jnp_mul` casts a weak operand as they do;
+# * shape rules give JAX's abstract evaluation's flag (weak where every
+#   operand is, comparisons and top_k's indices included; never for
+#   argmax, the logical reductions, bitcasts).
+# tests/test_weak_types.py checks all of it against JAX: the shape rules
+# on every equation of the op tables, and grad / jvp / vjp / vmap results
+# at weakly typed arguments; its KNOWN_DIFFERENCES lists where functx does
+# not copy JAX, and why.
+
+
+def scalar_constant(value, dtype, weak_type=False):
+    """A 0-d constant of `dtype` (weakly typed if `weak_type`) as a concrete
+    device array, cached: JAX's dispatch takes device arrays faster than
+    NumPy scalars, and lax ops need exactly equal dtypes. Created under
+    `ensure_compile_time_eval`, so a constant first made while JAX traces
+    is still a concrete array."""
+    weak_type = bool(weak_type)
+    key = (value, dtype, weak_type)
     try:
         return _scalars[key]
     except KeyError:
-        import jax
-
-        with jax.ensure_compile_time_eval():
-            c = jax.numpy.asarray(np.array(value, dtype))
+        c = _make_scalar(value, dtype, weak_type)
         if len(_scalars) < 4096:
             _scalars[key] = c
         return c
     except TypeError:  # unhashable value
+        if weak_type:
+            return _make_scalar(value, dtype, weak_type)
         return np.array(value, dtype)
 
 
+def _make_scalar(value, dtype, weak_type):
+    import jax
+
+    with jax.ensure_compile_time_eval():
+        c = jax.numpy.asarray(np.array(value, dtype))
+        if weak_type:
+            c = jax.lax.convert_element_type_p.bind(
+                c, new_dtype=c.dtype, weak_type=True, sharding=None)
+    return c
+
+
+def _dtype_and_weak(x):
+    if isinstance(x, Aval):
+        return x.dtype, x.weak_type
+    a = aval_of(x)
+    return a.dtype, a.weak_type
+
+
 def scalar_like(x, value):
-    """A 0-d constant of `x`'s dtype."""
-    dtype = x.dtype if hasattr(x, "dtype") else aval_of(x).dtype
-    return scalar_constant(value, dtype)
+    """A 0-d constant of `x`'s dtype and weak type (`x` a value or an
+    Aval; NOTE [weak types in rules])."""
+    dtype, weak = _dtype_and_weak(x)
+    return scalar_constant(value, dtype, weak)
+
+
+def full_like(x, value, shape=None):
+    """An array of `value` with `x`'s dtype and weak type and `x`'s shape
+    (or `shape`); `x` a value or an Aval (NOTE [weak types in rules])."""
+    from .structural import full
+
+    a = x if isinstance(x, Aval) else aval_of(x)
+    return full(a.shape if shape is None else shape, value, a.dtype, a.weak_type)
+
+
+def zeros_of(aval):
+    """Zeros of `aval`, weakly typed where it is (as JAX's zeros)."""
+    from .structural import full
+
+    return full(aval.shape, 0, aval.dtype, aval.weak_type)
 
 
 def instantiate(t):
-    """A tangent or cotangent as an array: a symbolic zero becomes zeros."""
+    """A tangent or cotangent as an array: a symbolic zero becomes zeros
+    (of its aval's weak type)."""
     if type(t) is Zero:
         if is_key_dtype(t.aval.dtype):  # keys have no tangents (NOTE [key dtypes])
             raise FunctxTypeError(
@@ -72,9 +135,7 @@ def instantiate(t):
                 f"({t.aval.str_short()}) as an array; a key's tangent is always a "
                 "symbolic zero. Please report this with the function that raised it."
             )
-        from .structural import full
-
-        return full(t.aval.shape, 0, t.aval.dtype)
+        return zeros_of(t.aval)
     return t
 
 
@@ -87,7 +148,8 @@ def same_aval(aval, **params):
 
 
 def predicate_shape(aval, **params):
-    return Aval(aval.shape, np.dtype(bool), False)
+    # weak where the operand is, as JAX's (NOTE [weak types in rules])
+    return Aval(aval.shape, np.dtype(bool), aval.weak_type)
 
 
 def broadcast_shapes(op, avals):
@@ -126,7 +188,8 @@ def nary_shape(name):
 
 def nary_predicate_shape(name):
     def rule(*avals, **params):
-        return Aval(broadcast_shapes(name, avals), np.dtype(bool), False)
+        return Aval(broadcast_shapes(name, avals), np.dtype(bool),
+                    all(a.weak_type for a in avals))
 
     return rule
 

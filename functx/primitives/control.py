@@ -91,7 +91,12 @@ def _traced(x):
 
 
 def _zeros(aval):
-    return jnp.zeros(aval.shape, aval.dtype)
+    """Zeros of `aval`, as weak as it (NOTE [weak types in rules])."""
+    z = jnp.zeros(aval.shape, aval.dtype)
+    if aval.weak_type:
+        z = jax.lax.convert_element_type_p.bind(z, new_dtype=z.dtype, weak_type=True,
+                                                sharding=None)
+    return z
 
 
 def _staged(tangents):

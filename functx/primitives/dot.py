@@ -132,6 +132,13 @@ def _dot_transpose(ct, x, y, *, dimension_numbers, **params):
             ct, x, ct_x_axes, x_kept, tuple(lb), nb, len(y_kept), y_kept, rc, lc,
             ya.ndim, ya.dtype, dict(params, batch_self=rb),
         )
+    pet = params["preferred_element_type"]
+    if pet is not None:
+        # JAX casts a cotangent computed in another dtype to its operand's
+        # dtype and weak type (NOTE [weak types in rules])
+        for k, a in ((0, xa), (1, ya)):
+            if out[k] is not None and np.dtype(pet) != a.dtype:
+                out[k] = convert_element_type(out[k], a.dtype, a.weak_type)
     return out
 
 

@@ -43,6 +43,7 @@ from .common import (
     transpose_rules,
     unary_batch,
     unbroadcast,
+    zeros_of,
 )
 
 
@@ -184,8 +185,11 @@ pow = _plain(pow_p)
 
 
 def _pow_jvp_x(t, x, y):
-    if not is_inexact_dtype(aval_of(y).dtype):
-        y = convert_element_type(y, aval_of(x).dtype)
+    # Both operands are cast to (strongly typed) x's dtype first, as JAX's
+    # rule does: its derivative in x is strongly typed even at Python floats
+    # (NOTE [weak types in rules]).
+    dtype = aval_of(x).dtype
+    x, y = convert_element_type(x, dtype), convert_element_type(y, dtype)
     one = scalar_like(y, 1)
     jac = mul(y, pow(x, sub(y, one)))
     jac = _where(eq(y, scalar_like(y, 0)), scalar_like(jac, 0), jac)
@@ -194,7 +198,8 @@ def _pow_jvp_x(t, x, y):
 
 def _pow_jvp_y(t, out, x, y):
     safe_x = _where(eq(x, scalar_like(x, 0)), scalar_like(x, 1), x)
-    return mul(t, mul(log(safe_x), out))
+    # strongly typed, as JAX's (whose transpose restores y's weak type)
+    return convert_element_type(mul(t, mul(log(safe_x), out)), aval_of(y).dtype)
 
 
 defjvp_out(pow_p, lambda t, out, x, y: _pow_jvp_x(t, x, y), _pow_jvp_y)
@@ -221,27 +226,27 @@ square = _plain(square_p)
 defjvp(square_p, lambda t, x: mul(t, mul(scalar_like(x, 2), x)))
 
 
-def _weights(x, y, strict, tie):
-    """Where each operand wins in max/min: 1, 0.5 on ties, 0 otherwise."""
-    dtype = aval_of(x).dtype
-    w = convert_element_type(strict(x, y), dtype)
-    return add(w, mul(convert_element_type(tie(x, y), dtype), scalar_like(x, 0.5)))
+def _weights(x, y, strict, tie, out):
+    """Where each operand wins in max/min: 1, 0.5 on ties, 0 otherwise;
+    with the output's dtype and weak type."""
+    w = convert_like(strict(x, y), out)
+    return add(w, mul(convert_like(tie(x, y), out), scalar_like(out, 0.5)))
 
 
 max_p = _binary("max", lax.max_p)
 max = _plain(max_p)
-defjvp(
+defjvp_out(
     max_p,
-    lambda t, x, y: mul(t, _weights(x, y, gt, eq)),
-    lambda t, x, y: mul(t, _weights(y, x, gt, eq)),
+    lambda t, out, x, y: mul(t, _weights(x, y, gt, eq, out)),
+    lambda t, out, x, y: mul(t, _weights(y, x, gt, eq, out)),
 )
 
 min_p = _binary("min", lax.min_p)
 min = _plain(min_p)
-defjvp(
+defjvp_out(
     min_p,
-    lambda t, x, y: mul(t, _weights(x, y, lt, eq)),
-    lambda t, x, y: mul(t, _weights(y, x, lt, eq)),
+    lambda t, out, x, y: mul(t, _weights(x, y, lt, eq, out)),
+    lambda t, out, x, y: mul(t, _weights(y, x, lt, eq, out)),
 )
 
 atan2_p = _binary("atan2", lax.atan2_p)
@@ -417,6 +422,19 @@ polygamma_p = _binary("polygamma", lax.polygamma_p)
 polygamma = _plain(polygamma_p)
 
 
+def _jnp_mul(t, v):
+    """`t * v` as jnp's `*` computes it, with which JAX writes the rules of
+    the special functions: an operand weakly typed where the other is not
+    is cast to strong first, so the cotangent of a weak `t` comes back weak
+    through that cast's transpose (NOTE [weak types in rules])."""
+    ta, va = aval_of(t), aval_of(v)
+    if ta.weak_type and not va.weak_type:
+        t = convert_element_type(t, ta.dtype)
+    elif va.weak_type and not ta.weak_type:
+        v = convert_element_type(v, va.dtype)
+    return mul(t, v)
+
+
 def no_derivative(name, arg, hint=""):
     """A jvp contribution for an argument the primitive has no derivative
     for (JAX defines none either): raises, naming primitive and argument."""
@@ -435,7 +453,7 @@ def no_derivative(name, arg, hint=""):
 defjvp(
     polygamma_p,
     no_derivative("polygamma", "order m (first argument)"),
-    lambda t, m, x: mul(t, polygamma(add(m, scalar_like(m, 1)), x)),
+    lambda t, m, x: _jnp_mul(t, polygamma(add(m, scalar_like(m, 1)), x)),
 )
 defjvp(digamma_p, lambda t, x: mul(t, polygamma(scalar_like(x, 1), x)))
 defjvp(nextafter_p, no_derivative("nextafter", "first argument"),
@@ -451,14 +469,14 @@ def _igamma_dx(a, x):
 igamma_p = _binary("igamma", lax.igamma_p)
 defjvp(
     igamma_p,
-    lambda t, a, x: mul(t, bind(igamma_grad_a_p, a, x)),
-    lambda t, a, x: mul(t, _igamma_dx(a, x)),
+    lambda t, a, x: _jnp_mul(t, bind(igamma_grad_a_p, a, x)),
+    lambda t, a, x: _jnp_mul(t, _igamma_dx(a, x)),
 )
 igammac_p = _binary("igammac", lax.igammac_p)
 defjvp(
     igammac_p,
-    lambda t, a, x: neg(mul(t, bind(igamma_grad_a_p, a, x))),
-    lambda t, a, x: neg(mul(t, _igamma_dx(a, x))),
+    lambda t, a, x: neg(_jnp_mul(t, bind(igamma_grad_a_p, a, x))),
+    lambda t, a, x: neg(_jnp_mul(t, _igamma_dx(a, x))),
 )
 
 defjvp(
@@ -478,7 +496,7 @@ def _betainc_dx(t, a, b, x):
     lbeta = sub(add(bind(lgamma_p, a), bind(lgamma_p, b)), bind(lgamma_p, add(a, b)))
     log_density = sub(add(mul(sub(b, one), bind(log1p_p, neg(x))), mul(sub(a, one), log(x))),
                       lbeta)
-    return mul(t, exp(log_density))
+    return _jnp_mul(t, exp(log_density))
 
 
 defjvp(
@@ -506,7 +524,7 @@ defjvp(
 bessel_i0e_p = _unary("bessel_i0e", lax.bessel_i0e_p)
 bessel_i1e_p = _unary("bessel_i1e", lax.bessel_i1e_p)
 defjvp_out(bessel_i0e_p,
-           lambda t, out, x: mul(t, sub(bind(bessel_i1e_p, x), mul(sign(x), out))))
+           lambda t, out, x: _jnp_mul(t, sub(bind(bessel_i1e_p, x), mul(sign(x), out))))
 
 
 def _bessel_i1e_jvp(t, out, x):
@@ -516,7 +534,7 @@ def _bessel_i1e_jvp(t, out, x):
     safe_x = _where(tiny, eps, x)
     slope = sub(bind(bessel_i0e_p, safe_x),
                 mul(out, add(sign(safe_x), div(scalar_like(x, 1), safe_x))))
-    return mul(t, _where(tiny, scalar_like(x, 0.5), slope))
+    return _jnp_mul(t, _where(tiny, scalar_like(x, 0.5), slope))
 
 
 defjvp_out(bessel_i1e_p, _bessel_i1e_jvp)
@@ -590,9 +608,18 @@ convert_element_type_p = defprim("convert_element_type", lax.convert_element_typ
 
 def convert_element_type(x, dtype, weak_type=False):
     dtype = np.dtype(dtype)
-    if aval_of(x).dtype == dtype and not aval_of(x).weak_type and not weak_type:
+    a = aval_of(x)
+    if a.dtype == dtype and a.weak_type == bool(weak_type):
         return check_usable(x)  # NOTE [escaped tracers]
-    return bind(convert_element_type_p, x, new_dtype=dtype, weak_type=weak_type, sharding=None)
+    return bind(convert_element_type_p, x, new_dtype=dtype, weak_type=bool(weak_type),
+                sharding=None)
+
+
+def convert_like(x, like):
+    """`x` converted to the dtype and weak type of `like` (a value or an
+    Aval), e.g. a mask of `like`'s type (NOTE [weak types in rules])."""
+    a = like if isinstance(like, Aval) else aval_of(like)
+    return convert_element_type(x, a.dtype, a.weak_type)
 
 
 shape_rules[convert_element_type_p] = lambda a, *, new_dtype, weak_type, sharding: Aval(
@@ -698,10 +725,8 @@ jvp_rules[select_n_p] = _select_n_jvp
 
 
 def _select_n_transpose(ct, pred, *cases):
-    from .structural import full
-
     assert not is_linear(pred)
-    zeros = full(aval_of(ct).shape, 0, aval_of(ct).dtype)
+    zeros = zeros_of(aval_of(ct))  # as weak as ct (NOTE [weak types in rules])
     out = [None]
     for i, c in enumerate(cases):
         if is_linear(c):
@@ -742,18 +767,15 @@ def clamp(lo, x, hi):
     return bind(clamp_p, lo, x, hi)
 
 
-shape_rules[clamp_p] = lambda lo, x, hi: x
-
-
-def _mask(pred, like):
-    return convert_element_type(pred, aval_of(like).dtype)
+shape_rules[clamp_p] = lambda lo, x, hi: x.update(
+    weak_type=lo.weak_type and x.weak_type and hi.weak_type)
 
 
 defjvp(
     clamp_p,
-    lambda t, lo, x, hi: mul(t, _mask(gt(lo, x), x)),
-    lambda t, lo, x, hi: mul(t, _mask(and_(gt(x, lo), lt(x, hi)), x)),
-    lambda t, lo, x, hi: mul(t, _mask(lt(hi, x), x)),
+    lambda t, lo, x, hi: mul(t, convert_like(gt(lo, x), x)),
+    lambda t, lo, x, hi: mul(t, convert_like(and_(gt(x, lo), lt(x, hi)), x)),
+    lambda t, lo, x, hi: mul(t, convert_like(lt(hi, x), x)),
 )
 
 

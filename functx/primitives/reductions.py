@@ -175,8 +175,15 @@ jvp_rules[reduce_prod_p] = _reduce_prod_jvp
 reduce_and_p = defprim("reduce_and", lax.reduce_and_p)
 reduce_or_p = defprim("reduce_or", lax.reduce_or_p)
 reduce_xor_p = defprim("reduce_xor", lax.reduce_xor_p)
+
+
+def _logical_reduce_shape(x, *, axes, **params):
+    # never weak, as JAX's (NOTE [weak types in rules] in common.py)
+    return _reduce_shape(x, axes=axes).update(weak_type=False)
+
+
 for _p in (reduce_and_p, reduce_or_p, reduce_xor_p):
-    shape_rules[_p] = _reduce_shape
+    shape_rules[_p] = _logical_reduce_shape
     _reduce_batch(_p)
     defzero_jvp(_p)
 

@@ -70,7 +70,10 @@ top_k_p = defprim("top_k", lax.top_k_p, multiple_results=True)
 def _top_k_shape(x, *, k, axis):
     shape = list(x.shape)
     shape[axis] = k
-    return [Aval(tuple(shape), x.dtype, x.weak_type), Aval(tuple(shape), np.dtype(np.int32))]
+    # the indices are as weak as the operand: JAX's rule gives every output
+    # the operand's weak type (NOTE [weak types in rules] in common.py)
+    return [Aval(tuple(shape), x.dtype, x.weak_type),
+            Aval(tuple(shape), np.dtype(np.int32), x.weak_type)]
 
 
 shape_rules[top_k_p] = _top_k_shape

@@ -17,10 +17,12 @@ from .common import (
     bdim_to_front,
     defprim,
     defzero_jvp,
+    full_like,
     instantiate,
     is_linear,
     jvp_rules,
     moveaxis,
+    scalar_like,
     shape_rules,
     transpose_rules,
 )
@@ -70,8 +72,13 @@ def broadcast_in_dim(x, shape, broadcast_dimensions):
     )
 
 
-def full(shape, value, dtype):
-    """An array of `value` (a constant at every level)."""
+def full(shape, value, dtype, weak_type=False):
+    """An array of `value` (a constant at every level), weakly typed if
+    `weak_type` (NOTE [weak types in rules])."""
+    if weak_type:
+        from .common import scalar_constant
+
+        return broadcast_in_dim(scalar_constant(value, dtype, True), tuple(shape), ())
     return broadcast_in_dim(np.array(value, dtype), tuple(shape), ())
 
 
@@ -411,7 +418,7 @@ def _pad_shape(x, pv, *, padding_config):
     shape = []
     for d, (lo, hi, interior) in zip(x.shape, padding_config):
         shape.append(lo + hi + d + max(d - 1, 0) * interior)
-    return Aval(tuple(shape), x.dtype, x.weak_type)
+    return Aval(tuple(shape), x.dtype, x.weak_type and pv.weak_type)
 
 
 shape_rules[pad_p] = _pad_shape
@@ -419,7 +426,8 @@ _linear_jvp(pad_p)
 
 
 def _unpad(ct, padding_config):
-    """The transpose of padding with zeros: drop the padding."""
+    """The transpose of padding with zeros: drop the padding. (A strongly
+    typed zero, as JAX's rule: the cotangent comes back strong.)"""
     neg = tuple((-lo, -hi, 0) for lo, hi, _ in padding_config)
     trimmed = pad(ct, np.array(0, aval_of(ct).dtype), neg)
     shape = aval_of(trimmed).shape
@@ -455,7 +463,7 @@ def _pad_batch(size, vals, dims, *, padding_config):
 
     x = bdim_to_front(x, xd, size)
     xa = aval_of(x)
-    padded = pad(x, np.array(0, xa.dtype), config)
+    padded = pad(x, scalar_like(x, 0), config)
     mask = pad(full(xa.shape, True, bool), np.array(False), config)
     out_shape = aval_of(padded).shape
     pv = broadcast_in_dim(moveaxis(pv, pd, 0), out_shape, (0,))
@@ -500,6 +508,8 @@ def _slice_transpose(ct, x, *, start_indices, limit_indices, strides):
     for d, lo, n, s in zip(shape, start_indices, out_shape, strides):
         used = lo + (n - 1) * s + 1 if n > 0 else lo
         config.append((lo, d - used, s - 1 if n > 0 else 0))
+    # a strongly typed zero, as JAX's rule (slices are arrays, where JAX's
+    # `_const` is strong; NOTE [weak types in rules])
     if any(n == 0 for n in out_shape):
         return [full(shape, 0, x.aval.dtype)]
     return [pad(ct, np.array(0, aval_of(ct).dtype), config)]
@@ -559,7 +569,9 @@ def dynamic_update_slice(x, update, start_indices):
     return bind(dynamic_update_slice_p, x, update, *start_indices)
 
 
-shape_rules[dynamic_update_slice_p] = lambda x, u, *idx: x
+# weak only where every operand is, the indices too (as JAX's)
+shape_rules[dynamic_update_slice_p] = lambda x, u, *idx: x.update(
+    weak_type=all(a.weak_type for a in (x, u) + idx))
 _linear_jvp(dynamic_update_slice_p, n_linear=2)
 
 
@@ -567,7 +579,7 @@ def _dynamic_update_slice_transpose(ct, x, update, *idx):
     ua = update.aval if is_linear(update) else aval_of(update)
     t_x = t_u = None
     if is_linear(x):
-        t_x = dynamic_update_slice(ct, full(ua.shape, 0, ua.dtype), idx)
+        t_x = dynamic_update_slice(ct, full_like(ct, 0, ua.shape), idx)
     if is_linear(update):
         t_u = dynamic_slice(ct, idx, ua.shape)
     return [t_x, t_u] + [None] * len(idx)

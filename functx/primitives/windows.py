@@ -71,6 +71,7 @@ from .common import (
     instantiate,
     is_linear,
     jvp_rules,
+    scalar_like,
     shape_rules,
     transpose_rules,
 )
@@ -174,7 +175,7 @@ def _sum_transpose(ct, x, *, window_dimensions, window_strides, padding,
         spread = _dilate(m, s)
         low = w_d - 1 - lo
         config.append((low, (n - 1) * b + w_d - low - spread, s - 1))
-    spread_ct = pad(ct, np.array(0, aval_of(ct).dtype), config)
+    spread_ct = pad(ct, scalar_like(ct, 0), config)  # NOTE [weak types in rules]
     nd = len(in_shape)
     return [reduce_window_sum(spread_ct, window_dimensions, base_dilation,
                               ((0, 0),) * nd, (1,) * nd, window_dilation)]
@@ -211,12 +212,12 @@ def _gather_shape(t, x, **params):
         )
     return Aval(window_shape(x.shape, params["window_dimensions"], params["window_strides"],
                              params["padding"], params["base_dilation"],
-                             params["window_dilation"]), t.dtype, t.weak_type)
+                             params["window_dilation"]), t.dtype, t.weak_type and x.weak_type)
 
 
 shape_rules[select_and_gather_add_p] = _gather_shape
-shape_rules[select_and_scatter_add_p] = lambda source, x, **p: Aval(x.shape, source.dtype,
-                                                                    source.weak_type)
+shape_rules[select_and_scatter_add_p] = lambda source, x, **p: Aval(
+    x.shape, source.dtype, source.weak_type and x.weak_type)
 
 
 def _linear_in_first_jvp(prim):
