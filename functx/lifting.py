@@ -95,6 +95,10 @@ class Program:
 
         def slot_of(v, scope):
             if isinstance(v, jcore.Literal):
+                if v.aval.weak_type:  # a Python scalar in the JAX code: keep it weak
+                    from .primitives.common import scalar_constant
+
+                    return new_slot(scalar_constant(v.val, v.aval.dtype, True))
                 return new_slot(v.val)
             return scope[v]
 

@@ -188,38 +188,10 @@ KNOWN_DIFFERENCES = {
 # primitive -> reason. Checked: each does differ on the records.
 SHAPE_DIFFERENCES = {"add_any": ADD_ANY}
 
-# functx code outside functx/primitives loses the flag: (record, variant,
-# transform) -> where.
-LIFT_LITERALS = ("functx/lifting.py: a jaxpr literal (a Python scalar in the JAX code, weakly "
-                 "typed) is replayed as its strongly typed NumPy value")
-CUSTOM_ZEROS = ("functx/primitives/custom.py full_zeros: the zero tangents handed to a "
-                "custom_jvp rule are strongly typed (JAX's keep the primal's weak type)")
-SCATTER = ("functx/primitives/indexing.py: the jvp rules of scatter build strongly typed "
-           "zeros (`_zeros`) and masks (`convert_element_type`) beside weak values")
-XFAIL = {
-    ("jnp.hypot", "scalars", "jvp"): LIFT_LITERALS,
-    ("jnp.diag", "arrays", "jvp"): LIFT_LITERALS,
-    ("special.boxcox", "scalars", "jvp"): LIFT_LITERALS,
-    ("special.polygamma", "scalars", "jvp"): LIFT_LITERALS,
-    ("linalg.cholesky", "arrays", "vjp"): LIFT_LITERALS,
-    ("nn.softplus", "scalars", "jvp"): CUSTOM_ZEROS,
-    ("nn.log_sigmoid", "scalars", "jvp"): CUSTOM_ZEROS,
-    ("nn.mish", "scalars", "jvp"): CUSTOM_ZEROS,
-    ("scatter_set", "arrays", "jvp"): SCATTER,
-    ("scatter_mul", "arrays", "jvp"): SCATTER,
-    ("scatter_min", "arrays", "jvp"): SCATTER,
-    ("scatter_min", "arrays", "vjp"): SCATTER,
-    ("scatter_max", "arrays", "jvp"): SCATTER,
-    ("scatter_max", "arrays", "vjp"): SCATTER,
-    ("jnp.insert", "arrays", "jvp"): SCATTER,
-    ("jnp.insert", "arrays mixed", "jvp"): SCATTER,
-    ("jnp.put", "arrays", "jvp"): SCATTER,  # (FUNCTX_FULL_SWEEP=1 records from here)
-    ("jnp.put_along_axis", "arrays", "jvp"): SCATTER,
-    ("jnp.fill_diagonal", "arrays", "jvp"): SCATTER,
-    ("jnp.place", "arrays", "jvp"): SCATTER,
-    ("special.boxcox1p", "scalars", "jvp"): LIFT_LITERALS,
-    ("random.multivariate_normal", "arrays", "vjp"): LIFT_LITERALS,
-}
+# functx code outside functx/primitives that lost the flag: (record, variant,
+# transform) -> where. (Empty: lifting's literals, custom_jvp's zero tangents
+# and scatter's zeros and masks keep JAX's weak types now.)
+XFAIL = {}
 
 
 # --------------------------------------------------------------------------
@@ -485,9 +457,7 @@ def test_eager_python_float():
     assert not bad, f"(functx, JAX) types differ: {bad}"
 
 
-EAGER_XFAIL = {  # (function, transform) -> where (as XFAIL)
-    ("softplus", "jvp"): CUSTOM_ZEROS,
-}
+EAGER_XFAIL = {}  # (function, transform) -> where (as XFAIL)
 
 
 def test_const_at_weak_arrays():

@@ -144,7 +144,7 @@ def full_zeros(aval):
     """Concrete zeros even under an outer jax.jit (NOTE [constants inside
     rules] in control.py), so graphs staged around a rule capture nothing."""
     with jax.ensure_compile_time_eval():
-        return instantiate(Zero(aval.update(weak_type=False)))
+        return instantiate(Zero(aval))  # (weakly typed where the primal is, as JAX's)
 
 
 def _unbatched(aval):

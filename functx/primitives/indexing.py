@@ -21,6 +21,7 @@ from .common import (
     moveaxis,
     shape_rules,
     transpose_rules,
+    zeros_of,
 )
 from . import elementwise as ew
 from . import structural as st
@@ -240,7 +241,7 @@ def _gather_updates(ct, idx, updates_aval, dn, mode, unique_indices, indices_are
 
 
 def _zeros(aval):
-    return st.full(aval.shape, 0, aval.dtype)
+    return zeros_of(aval)  # (weakly typed where aval is: NOTE [weak types in rules])
 
 
 def _linear_scatter_jvp(prim):
@@ -478,8 +479,8 @@ def _scatter_extremum_jvp(prim):
         tx, tu = instantiate(tx), instantiate(tu)
         dn, mode = params["dimension_numbers"], params["mode"]
         landed = _gather_updates(out, idx, ua, dn, mode, False, params["indices_are_sorted"])
-        u_wins = ew.convert_element_type(ew.eq(u, landed), xa.dtype)
-        x_wins = ew.convert_element_type(ew.eq(x, out), xa.dtype)
+        u_wins = ew.convert_like(ew.eq(u, landed), xa)
+        x_wins = ew.convert_like(ew.eq(x, out), xa)
         count = ew.add(x_wins, scatter_add(_zeros(xa), idx, u_wins, dn, mode=mode))
         total = ew.add_any(ew.mul(tx, x_wins),
                            scatter_add(_zeros(xa), idx, ew.mul(tu, u_wins), dn, mode=mode))
