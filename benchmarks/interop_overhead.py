@@ -1,8 +1,14 @@
 """What importing functx costs plain JAX code (NOTE [JAX on functx values]
 in functx/interop.py: functx wraps `Primitive.bind`, `custom_jvp/vjp`
-calls, `lax.asarray` and jit's Python path). Each case is timed in fresh
-processes, alternating "JAX alone" and "JAX with functx imported", and the
-table reports medians over the pairs of the per-call time and of the ratio.
+calls, `lax.asarray` and jit's Python path).
+
+Two tables:
+1. In one process, each hooked JAX entry point against the function it
+   wraps (`__wrapped__`), called alternately on plain arrays: the hook's own
+   cost per call, free of process-to-process noise (median of 21 pairs).
+2. Whole calls of plain JAX code in fresh processes, alternating "JAX
+   alone" and "JAX with functx imported" (medians over the pairs; on a
+   shared machine the process-to-process spread is large, see min-max).
 
     python benchmarks/interop_overhead.py [--pairs N]
 """
@@ -53,11 +59,45 @@ def time_case(setup, with_functx):
     return float(out.stdout.strip().splitlines()[-1])
 
 
+HOOKS = """
+import time, statistics
+import jax, jax.numpy as jnp
+from jax._src import core as jcore, custom_derivatives as cd
+from jax._src.lax import lax as lax_module
+import functx  # noqa: F401  (installs the hooks)
+x = jnp.linspace(0.0, 1.0, 16); y = jnp.ones(16)
+hooked_bind = jcore.Primitive.bind
+cases = {
+    "Primitive.bind (lax.add_p)": (lambda: hooked_bind(jax.lax.add_p, x, y),
+                                   lambda: hooked_bind.__wrapped__(jax.lax.add_p, x, y)),
+    "custom_jvp call (jax.nn.relu)": (lambda: jax.nn.relu(x),
+                                      lambda: cd.custom_jvp.__call__.__wrapped__(jax.nn.relu, x)),
+    "lax.asarray": (lambda: lax_module.asarray(x), lambda: lax_module.asarray.__wrapped__(x)),
+}
+def per_call(f, n=300):
+    t = time.perf_counter()
+    for _ in range(n): f()
+    return (time.perf_counter() - t) / n * 1e6
+for name, (hooked, plain) in cases.items():
+    for _ in range(100): hooked(); plain()
+    extra, base = [], []
+    for _ in range(21):
+        h, p = per_call(hooked), per_call(plain)
+        extra.append(h - p); base.append(p)
+    print(f"| `{name}` | {statistics.median(base):.2f} | {statistics.median(extra):+.2f} |")
+"""
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    print("| hooked entry point | JAX's own (µs per call) | added by the hook (µs, median of 21) |")
+    print("|---|---|---|")
+    out = subprocess.run([sys.executable, "-c", HOOKS], capture_output=True, text=True, check=True)
+    print(out.stdout.strip())
+    print()
     rows = {}
     for name, setup in CASES.items():
         alone, both, ratios = [], [], []

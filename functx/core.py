@@ -184,7 +184,7 @@ def canonical_dtype(dtype):
 def aval_of(x):
     """The Aval of any value functx accepts: its tracers, JAX arrays and
     tracers, NumPy arrays and Python scalars."""
-    if isinstance(x, Tracer):
+    if type(x) in TRACER_TYPES:
         return x.aval
     if type(x) is _ArrayImpl or isinstance(x, _JaxTracer):
         a = x.aval
@@ -406,7 +406,7 @@ def check_usable(x, prim=None):
     """Raise EscapedTracerError if `x` is a tracer of a transform that has
     returned or that runs on another thread (NOTE [escaped tracers]);
     return `x`."""
-    if isinstance(x, Tracer) and x._interp.thread != _get_ident():
+    if type(x) in TRACER_TYPES and x._interp.thread != _get_ident():
         raise _escaped(x, prim)
     return x
 
@@ -416,7 +416,7 @@ def check_tree_usable(tree, what=None):
     outputs)."""
     ident = _get_ident()
     for leaf in jax.tree_util.tree_leaves(tree):
-        if isinstance(leaf, Tracer) and leaf._interp.thread != ident:
+        if type(leaf) in TRACER_TYPES and leaf._interp.thread != ident:
             raise _escaped(leaf, what)
     return tree
 
@@ -435,7 +435,7 @@ def bind(prim, /, *args, **params):
     top = None
     ident = None
     for a in args:
-        if isinstance(a, Tracer):
+        if type(a) in TRACER_TYPES:
             interp = a._interp
             if interp.thread != (ident or (ident := _get_ident())):
                 raise _escaped(a, prim)  # NOTE [escaped tracers]
@@ -508,10 +508,28 @@ class _NoPlacement:
         )
 
 
-class Tracer(jax.Array):
+TRACER_TYPES = set()  # every subclass of Tracer (filled by __init_subclass__)
+
+
+class _TracerMeta(type(jax.Array)):
+    """jax.Array's metaclass answers `isinstance` in C++ for JAX's own types
+    (slowly for others); functx's tracer classes answer as plain classes."""
+
+    __instancecheck__ = type.__instancecheck__
+    __subclasscheck__ = type.__subclasscheck__
+
+
+class Tracer(jax.Array, metaclass=_TracerMeta):
     """A functx value inside a transform. It behaves like a jax.Array
     (operators, methods and indexing are attached by functx._array_api) and
-    is one for `isinstance` (NOTE [JAX on functx values] in interop.py)."""
+    is one for `isinstance` (NOTE [JAX on functx values] in interop.py).
+
+    `isinstance(x, Tracer)` goes through jax.Array's metaclass (slower than
+    a plain class's); hot paths test `type(x) in TRACER_TYPES` instead."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        TRACER_TYPES.add(cls)
 
     __slots__ = ("_interp",)
     __array_priority__ = 1000

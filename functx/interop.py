@@ -37,7 +37,9 @@ import jax
 import jax.extend.core
 from jax._src import core as jcore
 
-from .core import FROM_JAX, ImperativeValue, Tracer, bind, check_usable, jax_misuse_error
+from .core import (
+    FROM_JAX, TRACER_TYPES, ImperativeValue, Tracer, bind, check_usable, jax_misuse_error,
+)
 from .lifting import _INLINE_PARAM, LIFT_RULES, Macro, Program
 
 # --------------------------------------------------------------------------
@@ -189,7 +191,7 @@ def install():
 
     def bind_hook(self, *args, **params):
         for a in args:
-            if isinstance(a, Tracer):
+            if type(a) in TRACER_TYPES:
                 check_usable(a)  # NOTE [escaped tracers]
                 # Bound under a JAX trace begun inside the functx transform
                 # (a loop body closing over a functx value): JAX stages the
@@ -274,10 +276,11 @@ def install():
         lax_asarray = lax_module.asarray
 
         def asarray(x):
-            if isinstance(x, Tracer):  # (a constant for a newer JAX trace too)
+            if type(x) in TRACER_TYPES:  # (a constant for a newer JAX trace too)
                 return x
             return lax_asarray(x)
 
+        asarray.__wrapped__ = lax_asarray
         lax_module.asarray = asarray
     except (ImportError, AttributeError):  # pragma: no cover
         pass
@@ -308,7 +311,7 @@ def install():
         check_arg = dispatch.check_arg
 
         def _check_arg(arg):
-            if isinstance(arg, Tracer):
+            if type(arg) in TRACER_TYPES:
                 return None
             return check_arg(arg)
 

@@ -26,7 +26,9 @@ from jax import tree_util
 from jax._src import config as jconfig
 from jax._src import core as jcore
 
-from .core import FROM_JAX, Aval, ImperativeValue, Tracer, aval_of, bind, check_usable
+from .core import (
+    FROM_JAX, TRACER_TYPES, Aval, ImperativeValue, Tracer, aval_of, bind, check_usable,
+)
 from .errors import FunctxTypeError, MissingRuleError
 
 _INLINE_PARAM = {
@@ -247,7 +249,7 @@ def call_lifted(fn, args, kwargs):
     for leaf in leaves:
         if isinstance(leaf, ImperativeValue):
             return type(leaf).apply(fn, args, kwargs)
-        if isinstance(leaf, Tracer):
+        if type(leaf) in TRACER_TYPES:
             check_usable(leaf)  # NOTE [escaped tracers]: also where nothing is computed
             has_tracer = True
     if not has_tracer:
@@ -255,7 +257,7 @@ def call_lifted(fn, args, kwargs):
     key_parts = []
     dynamic = []
     for leaf in leaves:
-        if isinstance(leaf, Tracer):
+        if type(leaf) in TRACER_TYPES:
             dynamic.append(leaf)
             key_parts.append(leaf.aval)
         elif isinstance(leaf, (_JaxArray, np.ndarray)):

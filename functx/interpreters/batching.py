@@ -43,7 +43,9 @@ or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """
 
 from .. import core as _core
-from ..core import Interpreter, Tracer, aval_of, check_usable, missing_rule, new_interpreter
+from ..core import (
+    TRACER_TYPES, Interpreter, Tracer, aval_of, check_usable, missing_rule, new_interpreter,
+)
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
 from .eval import RepeatCache, compiled
@@ -60,7 +62,9 @@ class BatchTracer(Tracer):
 
     def __init__(self, interp, val, bdim, basis=None):
         self._interp = interp
-        self.val = check_usable(val)  # NOTE [escaped tracers]: a transform's inputs
+        if type(val) in TRACER_TYPES:  # NOTE [escaped tracers]: a transform's inputs
+            check_usable(val)
+        self.val = val
         self.bdim = bdim
         self._aval = None
         self.basis = basis  # NOTE [identity bases]

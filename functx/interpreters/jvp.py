@@ -11,7 +11,8 @@ results both outputs are lists. The same rules drive reverse mode
 """
 
 from ..core import (
-    Interpreter, Tracer, Zero, aval_of, bind, check_usable, missing_rule, new_interpreter,
+    TRACER_TYPES, Interpreter, Tracer, Zero, aval_of, bind, check_usable, missing_rule,
+    new_interpreter,
 )
 from ..core import _state as _core_state
 from ..errors import MissingRuleError
@@ -26,8 +27,13 @@ class JVPTracer(Tracer):
     def __init__(self, interp, primal, tangent):
         self._interp = interp
         # NOTE [escaped tracers]: a transform's inputs are checked here
-        self.primal = check_usable(primal)
-        self.tangent = check_usable(tangent)
+        # (inline: this runs for every value every transform computes)
+        if type(primal) in TRACER_TYPES:
+            check_usable(primal)
+        if type(tangent) in TRACER_TYPES:
+            check_usable(tangent)
+        self.primal = primal
+        self.tangent = tangent
         self._aval = None
 
     @property

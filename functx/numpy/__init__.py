@@ -15,6 +15,7 @@ import types as _types
 import jax.numpy as _jnp
 
 from ..core import ImperativeValue as _ImperativeValue
+from ..core import TRACER_TYPES as _TRACER_TYPES
 from ..core import Tracer as _Tracer
 from ..core import aval_of as _aval_of
 from ..lifting import call_lifted as _call_lifted
@@ -156,7 +157,7 @@ def _unary_fast(name, binder, slow):
     jax_fn = slow.__wrapped__
 
     def direct(x):
-        if isinstance(x, _Tracer):
+        if type(x) in _TRACER_TYPES:
             a = x.aval
             if _kind(a.dtype) == "f" and not a.weak_type:
                 return binder(x)
@@ -185,7 +186,7 @@ def binary_operands(x, y, float_only=False):
     """If `x op y` can go straight to the lax primitive (same dtype, same
     shape or a Python scalar, no weak types), the operands to pass; else
     None."""
-    xt, yt = isinstance(x, _Tracer), isinstance(y, _Tracer)
+    xt, yt = type(x) in _TRACER_TYPES, type(y) in _TRACER_TYPES
     if not (xt or yt):
         return None
     if xt and yt:
