@@ -533,7 +533,7 @@ class Tracer(jax.Array, metaclass=_TracerMeta):
 
     __slots__ = ("_interp",)
     __array_priority__ = 1000
-    sharding = committed = device = _NoPlacement()
+    sharding = committed = device = devices = _NoPlacement()
     addressable_data = addressable_shards = global_shards = _NoPlacement()
     is_fully_addressable = is_fully_replicated = _NoPlacement()
     copy_to_host_async = to_device = _NoPlacement()

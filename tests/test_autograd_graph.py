@@ -237,3 +237,17 @@ def test_checkpoint_recomputes_in_backward_under_jit():
     ckpt = str(jax.make_jaxpr(functx.grad(lambda x: functx.checkpoint(block)(x).sum()))(X))
     assert (plain.count(" sin "), ckpt.count(" sin ")) == (2, 4)
     assert "optimization_barrier" in ckpt and "optimization_barrier" not in plain
+
+
+def test_save_on_cpu_leaves_values_of_outer_transforms_in_place():
+    """Residuals that are functx values (of an enclosing transform) are
+    jax.Array instances too; save_on_cpu must leave them alone."""
+    import functx as fx
+    from functx.autograd.graph import save_on_cpu
+
+    def f(x):
+        return jnp.sin(x) * x
+
+    with save_on_cpu():
+        got = fx.grad(fx.grad(f))(1.3)
+    assert np.allclose(got, jax.grad(jax.grad(f))(1.3))

@@ -136,7 +136,8 @@ def _nan_mask(x):
         if primal is None:
             return None, axes
         x = primal
-    if type(x) is ArrayImpl or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)):
+    if type(x) is ArrayImpl or (isinstance(x, jax.Array)
+                                and not isinstance(x, (jax.core.Tracer, Tracer))):
         return np.isnan(np.asarray(x)), axes
     return None, axes
 

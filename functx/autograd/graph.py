@@ -206,7 +206,8 @@ class save_on_cpu(saved_tensors_hooks):
         del device_type  # torch's argument; the device is each array's own
 
         def pack(x):
-            if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            # (functx values are jax.Array instances too: left in place)
+            if not isinstance(x, jax.Array) or isinstance(x, (jax.core.Tracer, Tracer)):
                 return (None, x)
             devices = x.devices()
             if len(devices) != 1:

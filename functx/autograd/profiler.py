@@ -204,7 +204,7 @@ class _Recorder:
                 if isinstance(leaf, _JaxTracer):
                     executed = False
                     break
-                if isinstance(leaf, jax.Array):
+                if isinstance(leaf, jax.Array) and not isinstance(leaf, _core.Tracer):
                     waiting.append(leaf)
             if executed and waiting:
                 jax.block_until_ready(waiting)
