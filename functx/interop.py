@@ -61,10 +61,6 @@ def _program(closed):
     return entry[1]
 
 
-def _is_functx(x):
-    return isinstance(x, Tracer)
-
-
 def bind_jax(prim, args, params):
     """`prim.bind(*args, **params)` for a JAX primitive with functx values
     among `args`, as functx primitives (NOTE [JAX on functx values])."""
@@ -94,10 +90,10 @@ def bind_jax(prim, args, params):
 
 def _stage_and_replay(prim, args, params):
     """Stage the one bind as a JAX equation (the functx values replaced by
-    abstract inputs) and replay it the way `lift` replays a jaxpr. The form
-    for primitives whose bind-time parameters are Python functions
-    (custom_jvp_call, custom_vjp_call) or which have no functx twin."""
-    positions = [i for i, a in enumerate(args) if _is_functx(a)]
+    abstract inputs) and replay it the way `lift` replays a jaxpr: for
+    primitives whose translation needs the staged equation's operands
+    (`takes_operands` rules of LIFT_RULES)."""
+    positions = [i for i, a in enumerate(args) if type(a) in TRACER_TYPES]
     dynamic = [args[i] for i in positions]
 
     def one_bind(*xs):
