@@ -245,28 +245,38 @@ def test_lineax_and_optimistix_implicit_derivatives():
 
 def test_jax_checkpoint_in_jax_code_keeps_its_memory_saving():
     """A checkpointed recurrent cell in a scan: same gradient as JAX, and the
-    compiled backward pass needs JAX's temp memory, less than without it."""
+    compiled backward pass needs JAX's temp memory, less than without it;
+    a saving policy (on dots, on `checkpoint_name`s) is followed as JAX
+    follows it (more memory than saving nothing, the same as JAX's)."""
+    from jax.ad_checkpoint import checkpoint_name
+
     h_size = 32
+    cp = jax.checkpoint_policies
 
-    def run(w, xs, checkpointed):
+    def run(w, xs, policy):
         def cell(h, x):
-            return jnp.tanh(h @ w + x)
+            a = checkpoint_name(h @ w, "hw")
+            return jnp.tanh(jnp.sin(a) @ w + x)
 
-        body = jax.checkpoint(cell) if checkpointed else cell
+        body = cell if policy == "off" else jax.checkpoint(cell, policy=policy)
         h, _ = jax.lax.scan(lambda h, x: (body(h, x), None), jnp.zeros(h_size), xs)
         return h.sum()
 
     w, xs = jnp.eye(h_size) * 0.5, jnp.full((100, h_size), 0.1)
 
-    def temp(grad, checkpointed):
-        fn = jax.jit(grad(lambda w: run(w, xs, checkpointed)))
+    def temp(grad, policy):
+        fn = jax.jit(grad(lambda w: run(w, xs, policy)))
         return fn, fn.lower(w).compile().memory_analysis().temp_size_in_bytes
 
-    fx_fn, fx_temp = temp(fx.grad, True)
-    jax_fn, jax_temp = temp(jax.grad, True)
-    assert close(fx_fn(w), jax_fn(w))
-    assert fx_temp == jax_temp
-    assert fx_temp < temp(fx.grad, False)[1]
+    temps = {}
+    for policy in (None, cp.dots_saveable, cp.save_only_these_names("hw")):
+        fx_fn, fx_temp = temp(fx.grad, policy)
+        jax_fn, jax_temp = temp(jax.grad, policy)
+        assert close(fx_fn(w), jax_fn(w))
+        assert fx_temp == jax_temp
+        temps[policy] = fx_temp
+    assert temps[None] < temps[cp.save_only_these_names("hw")] < temps[cp.dots_saveable]
+    assert temps[None] < temp(fx.grad, "off")[1]
 
 
 def test_callbacks_in_jax_code_run_when_their_branch_runs():

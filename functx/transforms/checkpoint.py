@@ -1,23 +1,36 @@
 """`checkpoint`: recompute a function's intermediates in the backward pass
 instead of saving them (torch.utils.checkpoint / jax.checkpoint).
 
-NOTE [checkpoint = a call whose jvp saves only its inputs]
+NOTE [checkpoint = a call whose jvp saves what its policy allows]
 `checkpoint(fn)(*args)` stages `fn` into a Graph and applies it with the
 primitive `checkpoint_call`, which carries the graph (as `jit_call` does,
-primitives/call.py). What differs is the jvp rule. `jit_call`'s rule splits
-the jvp graph into a primal part and a tangent part fed by residuals, so
-reverse mode keeps every residual (`cos(x)` for `sin`, ...) on its tape.
-`checkpoint_call`'s rule instead emits two equations:
+primitives/call.py) and a saving policy. What differs is the jvp rule.
+`jit_call`'s rule splits the jvp graph into a primal part and a tangent
+part fed by residuals, so reverse mode keeps every residual (`cos(x)` for
+`sin`, ...) on its tape. `checkpoint_call`'s rule splits the jvp graph `J`
+(`_split`) differently: an equation of `J`'s primal part goes to the
+forward graph, and its outputs become residuals only if the policy says
+they may be saved (JAX's policies are asked with the JAX primitive, the
+input avals and the parameters, as `jax.checkpoint` asks them over its own
+jvp); every other primal equation the tangents need is *also* copied into
+the tangent graph, to be recomputed there. It emits two equations:
 
-* the primal outputs: `checkpoint_call(primals; graph)`, run at once;
-* the output tangents: `checkpoint_call(primals, tangents; graph=J)` where
-  `J` is the *whole* jvp of the graph (primal recomputation included),
-  returning only the tangents. `J` is linear in the tangents, so under
-  reverse mode this one equation lands on the tape with the primal inputs
-  as its only constants: the inputs are all that is saved.
+* `checkpoint_call(primals; graph=forward)`: the primal outputs and the
+  saved residuals, run at once;
+* `checkpoint_call(primals, residuals, tangents; graph=tangent)`: the
+  output tangents. The graph is linear in the tangents, so under reverse
+  mode this one equation lands on the tape with the primal inputs and the
+  saved residuals as its only constants. With no policy (JAX's
+  `nothing_saveable`) that is the inputs alone.
 
-Its transpose is `transpose_graph(J)`, which evaluates the non-linear
-(primal) equations of `J` forwards from the saved inputs before
+Effectful equations (callbacks) are never recomputed: they run once, in the
+forward graph, as if saved (jax.grad runs a callback inside jax.checkpoint a
+second time when it recomputes; functx runs a program's effects once per
+forward pass, under every transform). A policy's "offload to host" answer saves on the
+device (functx has no host-memory residuals), with a warning.
+
+Its transpose is `transpose_graph(tangent)`, which evaluates the non-linear
+(primal) equations forwards from the saved values before
 transposing the rest: the recomputation happens in the backward pass.
 Batching transforms the graph as a whole (`batch_graph`). Under `jax.jit`
 the recomputing program's inputs go through `lax.optimization_barrier`, so
@@ -29,17 +42,20 @@ enclosing transforms that `fn` closes over become extra inputs of the call,
 so their derivatives flow as usual.
 """
 
+import warnings
+
 import jax
+import numpy as np
 from jax import tree_util
 
 from ..core import Tracer, Zero, bind
 from ..errors import FunctxTypeError, FunctxValueError
-from ..interpreters.batching import batch_rules
+from ..interpreters.batching import batch_graph, batch_rules
 from ..interpreters.eval import defimpl
 from ..interpreters.jvp import graph_jvp_pairs, jvp_rules
 from ..interpreters.reverse import transpose_rules
-from ..interpreters.staging import eval_graph, shape_rules, stage
-from ..primitives.call import graph_batch_rule, graph_transpose_rule
+from ..interpreters.staging import Graph, Var, dce, eval_graph, shape_rules, stage
+from ..primitives.call import transpose_applied_graph
 from ..primitives.common import defprim
 
 __all__ = ["checkpoint", "checkpoint_call"]
@@ -47,7 +63,7 @@ __all__ = ["checkpoint", "checkpoint_call"]
 checkpoint_call = defprim("checkpoint_call", multiple_results=True)
 
 
-def _impl(*args, graph, name):
+def _impl(*args, graph, name, policy):
     # Each call of a checkpointed function stages a new graph (the function
     # may close over values that change between calls), so eagerly the
     # graph runs primitive by primitive rather than being compiled per call.
@@ -58,48 +74,123 @@ def _impl(*args, graph, name):
 
 
 defimpl(checkpoint_call, _impl)
-shape_rules[checkpoint_call] = lambda *avals, graph, name: graph.out_avals
+shape_rules[checkpoint_call] = lambda *avals, graph, name, policy: graph.out_avals
 
 
-def _tangent_graph(graph, nonzero):
-    """The jvp of `graph` as one graph `(primals, nonzero tangents) ->
-    nonzero output tangents`, recomputing the primal; with the mask of the
-    outputs whose tangent is nonzero. Cached on `graph`."""
-    key = ("checkpoint_jvp", nonzero)
+def _saveable(policy, eqn):
+    """Whether `policy` (a JAX saving policy) lets the forward pass keep the
+    outputs of `eqn`. JAX's policies look at the JAX primitive (`prim.jax`),
+    the input avals and the parameters, which functx keeps as JAX has them;
+    an "offload" answer counts as saving on the device, with a warning
+    (functx does not move saved values to host memory)."""
+    if eqn.prim.effectful:
+        return True  # a callback runs once, in the forward pass
+    if policy is None:
+        return False
+    prim = eqn.prim.jax if eqn.prim.jax is not None else eqn.prim
+    answer = policy(prim, *[x.aval for x in eqn.inputs], **eqn.params)
+    if isinstance(answer, (bool, np.bool_)):
+        return bool(answer)
+    kind = type(answer).__name__
+    if kind == "Offloadable":
+        warnings.warn(
+            "checkpoint: the saving policy asks to offload a value to "
+            f"{getattr(answer, 'dst', 'host memory')}; functx keeps saved values on the "
+            "device, so this policy saves it there (the derivatives are the same).",
+            RuntimeWarning, stacklevel=2)
+        return True
+    if kind in ("SaveableType", "RecomputeType"):
+        return kind == "SaveableType"
+    raise FunctxTypeError(
+        f"checkpoint(policy=...): the policy returned {answer!r} for primitive "
+        f"`{eqn.prim.name}`; a policy returns True (save) or False (recompute).")
+
+
+def _split(graph, nonzero, policy):
+    """The jvp of `graph` split for checkpointing (cached on `graph`):
+
+    * `forward`: primals -> primal outputs, then the residuals (the values
+      `policy` lets the forward pass keep, that the tangent part needs);
+    * `tangent`: (primals, residuals, nonzero tangents) -> nonzero output
+      tangents, recomputing every other primal value it needs;
+
+    with the mask of the outputs whose tangent is nonzero."""
+    key = ("checkpoint_jvp", nonzero, policy)
     cached = graph.cache.get(key)
     if cached is not None:
         return cached
+    n = len(graph.inputs)
     out_nonzero = []
 
     def fn(*args):
-        outs = [t for _, t in graph_jvp_pairs(graph, nonzero, args)]
-        out_nonzero[:] = [type(t) is not Zero for t in outs]
-        return [t for t in outs if type(t) is not Zero]
+        pairs = graph_jvp_pairs(graph, nonzero, args)
+        out_nonzero[:] = [type(t) is not Zero for _, t in pairs]
+        return [p for p, _ in pairs] + [t for _, t in pairs if type(t) is not Zero]
 
     avals = graph.in_avals
-    tangent, captured = stage(fn, avals + [a for a, nz in zip(avals, nonzero) if nz], "checkpoint")
-    assert not captured
-    cached = graph.cache[key] = (tangent, tuple(out_nonzero))
+    jvp, captured = stage(fn, avals + [a for a, nz in zip(avals, nonzero) if nz], "checkpoint")
+    assert not captured, "the jvp of a closed graph captured values"
+    primals, tangents = jvp.inputs[:n], jvp.inputs[n:]
+    n_out = len(graph.outputs)
+    known, saved = set(primals), {}
+    forward_eqns, tangent_eqns = [], []
+    for eqn in jvp.eqns:
+        if all(type(x) is not Var or x in known for x in eqn.inputs):
+            forward_eqns.append(eqn)
+            known.update(eqn.outputs)
+            if _saveable(policy, eqn):
+                saved.update(dict.fromkeys(eqn.outputs))
+                continue
+        tangent_eqns.append(eqn)
+    # A tangent output that is a primal value (a constant tangent) is saved.
+    for x in jvp.outputs[n_out:]:
+        if type(x) is Var and x in known and x not in primals:
+            saved[x] = None
+    saved = list(saved)
+    tangent = dce(Graph(primals + saved + tangents, tangent_eqns, jvp.outputs[n_out:]))
+    used = {x for eqn in tangent.eqns for x in eqn.inputs if type(x) is Var}
+    used.update(x for x in tangent.outputs if type(x) is Var)
+    residuals = [v for v in saved if v in used]
+    tangent = Graph(primals + residuals + tangents, tangent.eqns, tangent.outputs)
+    forward = dce(Graph(primals, forward_eqns, jvp.outputs[:n_out] + residuals))
+    cached = graph.cache[key] = (forward, tangent, tuple(out_nonzero))
     return cached
 
 
-def _jvp(primals, tangents, *, graph, name):
-    outs = bind(checkpoint_call, *primals, graph=graph, name=name)
+def _jvp(primals, tangents, *, graph, name, policy):
     nonzero = tuple(type(t) is not Zero for t in tangents)
     if not any(nonzero):
+        outs = bind(checkpoint_call, *primals, graph=graph, name=name, policy=policy)
         return outs, [Zero.of(o) for o in outs]
-    tangent_graph, out_nonzero = _tangent_graph(graph, nonzero)
+    forward, tangent, out_nonzero = _split(graph, nonzero, policy)
+    outs = bind(checkpoint_call, *primals, graph=forward, name=name, policy=policy)
+    outs, residuals = outs[:len(graph.outputs)], outs[len(graph.outputs):]
     out_tangents = iter(())
     if any(out_nonzero):
         live = [t for t in tangents if type(t) is not Zero]
-        out_tangents = iter(bind(checkpoint_call, *primals, *live, graph=tangent_graph,
-                                 name=f"jvp({name})"))
+        out_tangents = iter(bind(checkpoint_call, *primals, *residuals, *live, graph=tangent,
+                                 name=f"jvp({name})", policy=policy))
     return outs, [next(out_tangents) if nz else Zero.of(o) for o, nz in zip(outs, out_nonzero)]
 
 
 jvp_rules[checkpoint_call] = _jvp
-transpose_rules[checkpoint_call] = graph_transpose_rule(checkpoint_call)
-batch_rules[checkpoint_call] = graph_batch_rule(checkpoint_call)
+
+
+def _transpose(cts, *args, graph, name, policy):
+    return transpose_applied_graph(
+        graph, cts, args,
+        lambda transposed, ins: bind(checkpoint_call, *ins, graph=transposed,
+                                     name=f"transpose({name})", policy=policy))
+
+
+def _batch(axis_size, vals, dims, *, graph, name, policy):
+    batched, out_dims = batch_graph(graph, axis_size, tuple(dims))
+    return (bind(checkpoint_call, *vals, graph=batched, name=f"vmap({name})", policy=policy),
+            list(out_dims))
+
+
+transpose_rules[checkpoint_call] = _transpose
+batch_rules[checkpoint_call] = _batch
 
 
 def _is_array(x):
@@ -108,7 +199,8 @@ def _is_array(x):
 
 
 def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True,
-               determinism_check="default", debug=False, context_fn=None, **kwargs):
+               determinism_check="default", debug=False, context_fn=None, policy=None,
+               **kwargs):
     """Recompute `function`'s intermediate values in the backward pass
     instead of saving them (activation checkpointing).
 
@@ -133,7 +225,13 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True,
         compatibility. functx values are pure: the recomputation is the
         same program on the same inputs, so it reproduces the forward pass
         (JAX's explicit keys are inputs like any other).
-      context_fn: not supported (raises if given).
+      context_fn: not supported (raises if given); use `policy`.
+      policy: which intermediates the forward pass may keep after all, as
+        in `jax.checkpoint(policy=...)`: a `jax.checkpoint_policies` policy
+        (`dots_saveable`, `save_only_these_names(...)` with
+        `jax.ad_checkpoint.checkpoint_name`, ...) or any function
+        `(primitive, *avals, **params) -> bool`. Default: keep only the
+        inputs (`nothing_saveable`).
 
     Example:
       >>> block = functx.checkpoint(lambda x: functx.numpy.sin(functx.numpy.sin(x)))
@@ -149,8 +247,13 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True,
             "checkpointing policies) is not supported by functx; leave it unset.")
     del use_reentrant, preserve_rng_state, determinism_check, debug
 
+    if policy is not None and not callable(policy):
+        raise FunctxTypeError(
+            f"checkpoint(function, policy=...): expected a saving policy such as "
+            f"jax.checkpoint_policies.dots_saveable, got {type(policy).__name__}.")
+
     def wrapped(*a, **kw):
-        return _run(function, a, kw)
+        return _run(function, a, kw, policy)
 
     if args or kwargs:
         return wrapped(*args, **kwargs)
@@ -162,7 +265,7 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True,
     return wrapped
 
 
-def _run(function, args, kwargs):
+def _run(function, args, kwargs, policy):
     leaves, tree = tree_util.tree_flatten((args, kwargs))
     is_arr = [_is_array(x) for x in leaves]
     arrays = [jax.numpy.asarray(x) if not isinstance(x, Tracer) and not isinstance(x, jax.Array)
@@ -187,15 +290,13 @@ def _run(function, args, kwargs):
 
     graph, captured = stage(flat_fn, [aval_of(x) for x in arrays], "checkpoint")
     name = getattr(function, "__name__", "fn")
-    outs = bind(checkpoint_call, *arrays, *captured, graph=graph, name=name)
+    outs = bind(checkpoint_call, *arrays, *captured, graph=graph, name=name, policy=policy)
     return tree_util.tree_unflatten(out_tree[0], list(outs))
 
 
 # `jax.checkpoint` / `remat` in JAX code functx translates (lifting.py,
-# interop.py) becomes `checkpoint_call`, so JAX code keeps its memory saving
-# under functx's reverse mode. A JAX saving policy (`policy=`) is not
-# followed: functx saves the inputs only (JAX's `nothing_saveable`), which
-# is the least memory; the derivatives are the same either way.
+# interop.py) becomes `checkpoint_call` with the same saving policy, so JAX
+# code keeps its memory saving under functx's reverse mode.
 
 
 def _lift_remat(params):
@@ -206,7 +307,8 @@ def _lift_remat(params):
     jaxpr = params["jaxpr"]
     if not isinstance(jaxpr, ClosedJaxpr):
         jaxpr = ClosedJaxpr(jaxpr, ())
-    return checkpoint_call, dict(graph=graph_of_jaxpr(jaxpr), name="jax.checkpoint")
+    return checkpoint_call, dict(graph=graph_of_jaxpr(jaxpr), name="jax.checkpoint",
+                                 policy=params.get("policy"))
 
 
 _lift_remat.primitive = checkpoint_call
