@@ -7,6 +7,7 @@ from . import numpy, lax, nn, random  # noqa: F401
 from . import _array_api  # noqa: F401  (operators and methods of functx values)
 from . import test_util  # noqa: F401
 from . import autograd  # noqa: F401  (torch.autograd equivalents)
+from . import config  # noqa: F401  (functx.config.update: compile log, persistent cache)
 from . import interop as _interop  # noqa: F401  (NOTE [JAX on functx values])
 from .errors import (
     ConcretizationError,
@@ -55,7 +56,7 @@ __all__ = [
     "hessian", "hvp", "vhp", "jit", "make_graph", "functional_call", "stack_module_state",
     "named_parameters", "named_buffers", "lift", "custom_jvp", "custom_vjp",
     "no_grad", "enable_grad", "set_grad_enabled", "inference_mode", "is_grad_enabled", "checkpoint",
-    "numpy", "lax", "nn", "random", "test_util", "autograd",
+    "numpy", "lax", "nn", "random", "test_util", "autograd", "config",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
     "JaxOnFunctxValueError",
