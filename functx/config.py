@@ -39,17 +39,20 @@ two module globals and returns at once unless the log is on or a
 `functx.autograd.profiler.profile` is recording, so leaving them registered
 costs a function call per compilation and nothing per dispatch.
 
-When the log is on, the listener keeps, per thread, the tracing and
-lowering seconds reported since the last compilation and writes one line
-per backend compilation: the XLA compile time, then the tracing and lowering
-that preceded it. The line goes through the `logging` logger named
+When the log is on, the listener keeps the tracing and lowering seconds
+reported for each program name (tracing reports `f`, lowering and
+compilation `jit(f)`) and writes one line per backend compilation: the XLA
+compile time, then the tracing and lowering of that name not yet reported,
+and "in the background" for a compilation on functx's background compile
+thread (functx/caches.py). The line goes through the `logging` logger named
 "functx", at level INFO, written to stderr by a small handler functx
 attaches to that logger the first time the log is switched on (only if the
 logger has no handler of its own; the logger then stops propagating to the
 root logger, so a configured root logger does not print each line twice).
 To route the lines elsewhere, give the "functx" logger your own handler
 before switching the log on; functx then attaches none and leaves
-propagation alone. The handler writes to whatever `sys.stderr` is at the
+propagation alone. Switching the log on sets the logger's level to INFO
+when it has none (NOTSET), so the lines pass a root logger left at WARNING. The handler writes to whatever `sys.stderr` is at the
 time of each line (so pytest's capture sees it).
 
 The profiler (functx/autograd/profiler.py) uses the same listener: while a
@@ -112,11 +115,13 @@ logger = logging.getLogger("functx")
 
 class _Tls(threading.local):
     def __init__(self):
-        self.before = 0.0  # tracing + lowering seconds since the last compilation
-        self.cache_hit = False
+        self.cache_hit = False  # the next backend compile on this thread is a cache read
 
 
 _tls = _Tls()
+# Tracing and lowering seconds not yet reported, by the name of the program
+# they are for (tracing reports `f`, lowering and compiling `jit(f)`).
+_before = {}
 
 
 class _StderrHandler(logging.Handler):
@@ -139,8 +144,6 @@ def _attach_handler():
     _handler = _StderrHandler()
     logger.addHandler(_handler)
     logger.propagate = False
-    if logger.level == logging.NOTSET or logger.level > logging.INFO:
-        logger.setLevel(logging.INFO)
 
 
 def _on_duration(event, secs, **kwargs):
@@ -154,17 +157,25 @@ def _on_duration(event, secs, **kwargs):
         sink(secs)
     if not _log_on:
         return
-    tls = _tls
+    name = kwargs.get("fun_name")
     if step != 2:
-        tls.before += secs
+        if name:
+            if step == 0:
+                name = f"jit({name})"
+            if len(_before) > 512:  # traces never compiled (make_jaxpr): forget them
+                _before.clear()
+            _before[name] = _before.get(name, 0.0) + secs
         return
-    before, tls.before = tls.before, 0.0
+    tls = _tls
     hit, tls.cache_hit = tls.cache_hit, False
-    name = kwargs.get("fun_name") or "<unnamed program>"
+    before = _before.pop(name, 0.0) if name else 0.0
     verb = "loaded" if hit else "compiled"
     where = " from the persistent cache" if hit else ""
     extra = f" (traced and lowered in {before:.3f} s)" if before > 0 else ""
-    logger.info("%s %s%s in %.3f s%s", verb, name, where, secs, extra)
+    thread = threading.current_thread().name
+    if thread.startswith("functx-compile"):
+        extra += " in the background"
+    logger.info("%s %s%s in %.3f s%s", verb, name or "<unnamed program>", where, secs, extra)
 
 
 def _on_event(event, **kwargs):
@@ -235,6 +246,8 @@ def update(name, value):
         value = bool(value)
         if value:
             _attach_handler()
+            if logger.level == logging.NOTSET:
+                logger.setLevel(logging.INFO)
         _values[name] = _log_on = value
     elif name == "persistent_cache_dir":
         if value is not None:

@@ -31,9 +31,30 @@ dispatch and shows up as the self time of `backward`. `record_function`
 ranges are events of their own that enclose everything run inside them;
 "Self CPU" of any event is its time minus that of the events it encloses.
 
-Times include whatever the dispatch costs the first time: a primitive met
-for the first time with new shapes is compiled by JAX inside its dispatch.
-Run the function once before profiling to see steady-state times.
+NOTE [compile time in the profiler]
+A primitive met for the first time with new shapes (or a new fused step,
+batched step or backward pass) is traced, lowered and compiled by JAX
+inside its dispatch: tens to hundreds of milliseconds once, against
+microseconds per call afterwards. That time is not the op's: JAX reports
+each step through `jax.monitoring` with its duration, and functx's one
+listener (NOTE [compile log] in functx/config.py) hands those seconds, while
+a profile records, to `_charge_compile`, which adds them to the innermost
+open event of the thread that compiled. When an event closes, its compile
+seconds (its own plus those of the events it encloses) are subtracted from
+its CPU total, and its own from its self CPU time; they are kept as
+`compile_time` (total) and `self_compile_time` on the event and summed on
+`FunctionEventAvg`s. `table(show_compile=True)` shows a "Compile" column,
+and the table's last line gives the compile total whenever it is not zero.
+Compile time with no event open is kept apart on the profile:
+`compile_time_outside_events` (a profiled thread compiling between
+dispatches, e.g. functx building a fused step before it dispatches it) and
+`background_compile_time` (functx's background compile thread, which
+delays no call; functx/caches.py); the table's last line names both.
+What remains in the CPU times of a first call is functx's own Python work
+of building a step (its interpreters running under JAX's tracer are part of
+JAX's tracing, hence of compile time) and the run itself. A trace-time
+compile under `jax.jit` charges the enclosing `record_function` range, the
+event open while JAX compiled.
 
 Under `functx.jit`, `jax.jit` or any other JAX transform around functx
 there is no eager execution: primitives run on JAX tracers, once, while the
@@ -58,6 +79,7 @@ import time
 
 import jax
 
+from .. import config as _config
 from .. import core as _core
 from ..errors import FunctxRuntimeError, FunctxValueError
 
@@ -75,22 +97,28 @@ _active = None  # the profile being recorded, or None
 
 class FunctionEvent:
     """One recorded event: a primitive dispatch or a range. Times are in
-    microseconds, `start_us`/`end_us` relative to the start of the profile."""
+    microseconds, `start_us`/`end_us` relative to the start of the profile
+    (wall clock, compile time included). `cpu_time_total` and
+    `self_cpu_time_total` exclude the JAX compile time spent inside the
+    event, which is `compile_time` (the event's and its children's) and
+    `self_compile_time` (NOTE [compile time in the profiler])."""
 
     __slots__ = ("name", "start_us", "end_us", "self_cpu_time_total", "input_shapes",
-                 "thread", "kind", "depth", "args", "cpu_time_total")
+                 "thread", "kind", "depth", "args", "cpu_time_total", "compile_time",
+                 "self_compile_time")
 
     def __repr__(self):
         return (f"<FunctionEvent {self.name} start={self.start_us:.3f}us "
                 f"cpu_time_total={self.cpu_time_total:.3f}us "
-                f"self_cpu_time_total={self.self_cpu_time_total:.3f}us>")
+                f"self_cpu_time_total={self.self_cpu_time_total:.3f}us "
+                f"compile_time={self.compile_time:.3f}us>")
 
 
 class _Frame:
     """An event being recorded: what encloses it is the frame below it on
     the thread's stack."""
 
-    __slots__ = ("name", "start", "children_ns", "depth")
+    __slots__ = ("name", "start", "children_ns", "depth", "compile_ns", "children_compile_ns")
 
 
 class _Local(threading.local):
@@ -100,6 +128,25 @@ class _Local(threading.local):
 
 
 _local = _Local()
+
+
+def _charge_compile(secs):
+    """`functx.config.profiler_sink` while a profile records: JAX spent
+    `secs` tracing, lowering or compiling a program on this thread; charge
+    them to the innermost open event (NOTE [compile time in the profiler])."""
+    ns = int(secs * 1e9)
+    frames = _local.frames
+    if frames:
+        frames[-1].compile_ns += ns
+        return
+    rec = _active
+    if rec is not None:
+        background = threading.current_thread().name.startswith("functx-compile")
+        with rec.lock:
+            if background:
+                rec.background_compile_ns += ns
+            else:
+                rec.outside_compile_ns += ns
 
 
 def _label(what):
@@ -148,6 +195,8 @@ class _Recorder:
     def __init__(self, record_shapes):
         self.record_shapes = record_shapes
         self.events = []
+        self.outside_compile_ns = 0  # compiled on a calling thread with no event open
+        self.background_compile_ns = 0  # compiled on functx's background compile thread
         self.t0 = _perf_ns()
         self.lock = threading.Lock()
 
@@ -156,6 +205,8 @@ class _Recorder:
         f = _Frame()
         f.name = name
         f.children_ns = 0
+        f.compile_ns = 0
+        f.children_compile_ns = 0
         f.depth = len(frames)
         frames.append(f)
         f.start = _perf_ns()
@@ -168,18 +219,29 @@ class _Recorder:
         dur = end - f.start
         if not record:
             # Not an execution (JAX tracing): the enclosing event keeps the
-            # time of what this one enclosed as its own.
+            # time (and compile time) of what this one enclosed as its own.
             if frames:
-                frames[-1].children_ns += f.children_ns
+                parent = frames[-1]
+                parent.children_ns += f.children_ns
+                parent.compile_ns += f.compile_ns
+                parent.children_compile_ns += f.children_compile_ns
+            elif f.compile_ns or f.children_compile_ns:
+                with self.lock:
+                    self.outside_compile_ns += f.compile_ns + f.children_compile_ns
             return
+        compile_ns = f.compile_ns + f.children_compile_ns
         if frames:
             frames[-1].children_ns += dur
+            frames[-1].children_compile_ns += compile_ns
         e = FunctionEvent()
         e.name = f.name
         e.start_us = (f.start - self.t0) / 1e3
         e.end_us = (end - self.t0) / 1e3
-        e.cpu_time_total = dur / 1e3
-        e.self_cpu_time_total = (dur - f.children_ns) / 1e3
+        # JAX measures compile steps with its own clock: clamp at zero.
+        e.cpu_time_total = max(dur - compile_ns, 0) / 1e3
+        e.self_cpu_time_total = max(dur - f.children_ns - f.compile_ns, 0) / 1e3
+        e.compile_time = compile_ns / 1e3
+        e.self_compile_time = f.compile_ns / 1e3
         e.input_shapes = shapes
         e.thread = threading.get_ident()
         e.kind = kind
@@ -225,9 +287,12 @@ class _Recorder:
 
 class FunctionEventAvg:
     """The events of one key summed: `count`, `cpu_time_total`,
-    `self_cpu_time_total` and `cpu_time` (the average), in microseconds."""
+    `self_cpu_time_total` and `cpu_time` (the average), in microseconds,
+    compile time excluded; `compile_time` and `self_compile_time`, the JAX
+    compile time the events spent (NOTE [compile time in the profiler])."""
 
-    __slots__ = ("key", "count", "cpu_time_total", "self_cpu_time_total", "input_shapes")
+    __slots__ = ("key", "count", "cpu_time_total", "self_cpu_time_total", "input_shapes",
+                 "compile_time", "self_compile_time")
 
     def __init__(self, key, input_shapes):
         self.key = key
@@ -235,6 +300,8 @@ class FunctionEventAvg:
         self.count = 0
         self.cpu_time_total = 0.0
         self.self_cpu_time_total = 0.0
+        self.compile_time = 0.0
+        self.self_compile_time = 0.0
 
     @property
     def cpu_time(self):
@@ -244,15 +311,18 @@ class FunctionEventAvg:
         self.count += 1
         self.cpu_time_total += e.cpu_time_total
         self.self_cpu_time_total += e.self_cpu_time_total
+        self.compile_time += e.compile_time
+        self.self_compile_time += e.self_compile_time
         return self
 
     def __repr__(self):
         return (f"<FunctionEventAvg key={self.key} count={self.count} "
                 f"cpu_time_total={self.cpu_time_total:.3f}us "
-                f"self_cpu_time_total={self.self_cpu_time_total:.3f}us>")
+                f"self_cpu_time_total={self.self_cpu_time_total:.3f}us "
+                f"compile_time={self.compile_time:.3f}us>")
 
 
-_SORT_KEYS = ("cpu_time", "cpu_time_total", "self_cpu_time_total", "count")
+_SORT_KEYS = ("cpu_time", "cpu_time_total", "self_cpu_time_total", "count", "compile_time")
 
 
 def _format_time(us):
@@ -271,9 +341,15 @@ class EventList(list):
     """A list of `FunctionEvent`s or `FunctionEventAvg`s, with torch's
     `table` and `export_chrome_trace`."""
 
-    def __init__(self, items=(), *, self_cpu_time_total=None, show_shapes=False):
+    def __init__(self, items=(), *, self_cpu_time_total=None, show_shapes=False,
+                 compile_time_total=None, compile_time_outside_events=0.0,
+                 background_compile_time=0.0):
         super().__init__(items)
         self._self_total = self_cpu_time_total
+        self._compile_total = compile_time_total
+        # Of the profile (NOTE [compile time in the profiler]), for the footer.
+        self.compile_time_outside_events = compile_time_outside_events
+        self.background_compile_time = background_compile_time
         self._show_shapes = show_shapes  # made by key_averages(group_by_input_shape=True)
 
     @property
@@ -282,14 +358,27 @@ class EventList(list):
             return self._self_total
         return sum(e.self_cpu_time_total for e in self)
 
+    @property
+    def compile_time_total(self):
+        """JAX compile time spent inside the events (microseconds), not
+        part of their CPU times."""
+        if self._compile_total is not None:
+            return self._compile_total
+        return sum(getattr(e, "self_compile_time", 0.0) for e in self)
+
     def table(self, sort_by=None, row_limit=100, max_name_column_width=55,
-              max_shapes_column_width=80, header=None, top_level_events_only=False):
+              max_shapes_column_width=80, header=None, top_level_events_only=False,
+              show_compile=False):
         """The events as a text table with torch's columns: Name, Self CPU %,
         Self CPU, CPU total %, CPU total, CPU time avg, # of Calls, and
-        Input Shapes when shapes were recorded and grouped by. `sort_by`:
-        one of "cpu_time" (the average), "cpu_time_total",
-        "self_cpu_time_total", "count" (descending), or None to keep the
-        order of first occurrence; `row_limit` <= 0 shows every row."""
+        Input Shapes when shapes were recorded and grouped by. CPU times
+        exclude JAX compile time; `show_compile=True` adds a "Compile"
+        column (each row's compile time, its children's included) before
+        "# of Calls", and the last line names the compile total whenever it
+        is not zero. `sort_by`: one of "cpu_time" (the average),
+        "cpu_time_total", "self_cpu_time_total", "count", "compile_time"
+        (descending), or None to keep the order of first occurrence;
+        `row_limit` <= 0 shows every row."""
         rows = list(self)
         if top_level_events_only:
             rows = [e for e in rows if getattr(e, "depth", 0) == 0]
@@ -311,7 +400,10 @@ class EventList(list):
 
         names = [_clip(getattr(e, "key", None) or e.name, max_name_column_width) for e in rows]
         name_w = max([len("Name")] + [len(n) for n in names]) + 2
-        cols = ["Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg", "# of Calls"]
+        cols = ["Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
+        if show_compile:
+            cols.append("Compile")
+        cols.append("# of Calls")
         w = 12
         line_parts = ["-" * name_w] + ["-" * w] * len(cols)
         head = [f"{'Name':>{name_w}}"] + [f"{c:>{w}}" for c in cols]
@@ -331,12 +423,22 @@ class EventList(list):
             cells = [f"{n:>{name_w}}", f"{pct(e.self_cpu_time_total):>{w}}",
                      f"{_format_time(e.self_cpu_time_total):>{w}}",
                      f"{pct(e.cpu_time_total):>{w}}", f"{_format_time(e.cpu_time_total):>{w}}",
-                     f"{_format_time(avg):>{w}}", f"{count:>{w}}"]
+                     f"{_format_time(avg):>{w}}"]
+            if show_compile:
+                cells.append(f"{_format_time(getattr(e, 'compile_time', 0.0)):>{w}}")
+            cells.append(f"{count:>{w}}")
             if with_shapes:
                 cells.append(f"  {shapes[i]:<{sw - 2}}")
             out.append("  ".join(cells) + "  ")
         out.append(sep)
-        out.append(f"Self CPU time total: {_format_time(total)}")
+        footer = f"Self CPU time total: {_format_time(total)}"
+        parts = [(self.compile_time_total, "in events"),
+                 (self.compile_time_outside_events, "outside events"),
+                 (self.background_compile_time, "in the background")]
+        parts = [f"{_format_time(t)} {where}" for t, where in parts if t > 0]
+        if parts:
+            footer += f"; JAX compile time (not in the CPU times): {', '.join(parts)}"
+        out.append(footer)
         return "\n".join(out) + "\n"
 
     def __str__(self):
@@ -360,9 +462,11 @@ class profile:
       with_modules: not supported (raise if set); use `jax.profiler` for
       device times and memory.
 
-    After the block: `key_averages()`, `table(...)`, `events()` /
-    `function_events`, `self_cpu_time_total`, `total_average()`,
-    `export_chrome_trace(path)`.
+    After the block: `key_averages()`, `table(...)` (`show_compile=True`
+    for the "Compile" column), `events()` / `function_events`,
+    `self_cpu_time_total`, `compile_time_total`, `total_average()`,
+    `export_chrome_trace(path)`. JAX compile time is kept apart from the
+    CPU times (NOTE [compile time in the profiler]).
     """
 
     def __init__(self, enabled=True, *, use_cuda=False, use_device=None, record_shapes=False,
@@ -402,6 +506,7 @@ class profile:
         self._recorder = rec = _Recorder(self.record_shapes)
         _active = rec
         _core.eager_hook = rec.dispatch
+        _config.profiler_sink = _charge_compile
         return self
 
     def __exit__(self, *exc):
@@ -412,9 +517,12 @@ class profile:
         if _active is rec:
             _active = None
             _core.eager_hook = None
+            _config.profiler_sink = None
         with rec.lock:
             events = sorted(rec.events, key=lambda e: (e.start_us, -e.end_us))
-        self.function_events = EventList(events)
+            outside, background = rec.outside_compile_ns / 1e3, rec.background_compile_ns / 1e3
+        self.function_events = EventList(events, compile_time_outside_events=outside,
+                                         background_compile_time=background)
         return False
 
     # -- results -----------------------------------------------------------
@@ -434,8 +542,26 @@ class profile:
 
     @property
     def self_cpu_time_total(self):
-        """Total self CPU time of all events (microseconds)."""
+        """Total self CPU time of all events (microseconds), compile time
+        excluded."""
         return self._check_finished("self_cpu_time_total").self_cpu_time_total
+
+    @property
+    def compile_time_total(self):
+        """JAX compile time spent inside the recorded events (microseconds)."""
+        return self._check_finished("compile_time_total").compile_time_total
+
+    @property
+    def compile_time_outside_events(self):
+        """JAX compile time on a profiled thread while no event was open
+        (functx building a fused step before dispatching it), microseconds."""
+        return self._check_finished("compile_time_outside_events").compile_time_outside_events
+
+    @property
+    def background_compile_time(self):
+        """JAX compile time on functx's background compile thread while the
+        profile was active (it delays no call), microseconds."""
+        return self._check_finished("background_compile_time").background_compile_time
 
     def key_averages(self, group_by_input_shape=False):
         """Events with the same name (and input shapes, when
@@ -454,7 +580,10 @@ class profile:
                     e.name, e.input_shapes if group_by_input_shape else None)
             avg.add(e)
         return EventList(groups.values(), self_cpu_time_total=events.self_cpu_time_total,
-                         show_shapes=group_by_input_shape)
+                         show_shapes=group_by_input_shape,
+                         compile_time_total=events.compile_time_total,
+                         compile_time_outside_events=events.compile_time_outside_events,
+                         background_compile_time=events.background_compile_time)
 
     def total_average(self):
         """All events summed into one `FunctionEventAvg` ("Total")."""
@@ -469,7 +598,9 @@ class profile:
 
     def export_chrome_trace(self, path):
         """Write the events as Chrome trace-event JSON (complete "X" events,
-        times in microseconds), readable by chrome://tracing and Perfetto."""
+        times in microseconds), readable by chrome://tracing and Perfetto.
+        An event's "dur" is its wall-clock time, compile time included (so
+        events nest); "args" then carry "compile_us"."""
         events = self._check_finished("export_chrome_trace")
         pid = os.getpid()
         trace = []
@@ -477,10 +608,12 @@ class profile:
             args = {"kind": e.kind}
             if e.args is not None:
                 args["args"] = e.args
+            if e.compile_time:
+                args["compile_us"] = e.compile_time
             if self.record_shapes and e.kind == "primitive":
                 args["Input Shapes"] = e.input_shapes
             trace.append({"name": e.name, "cat": e.kind, "ph": "X", "ts": e.start_us,
-                          "dur": e.cpu_time_total, "pid": pid, "tid": e.thread, "args": args})
+                          "dur": e.end_us - e.start_us, "pid": pid, "tid": e.thread, "args": args})
         with open(path, "w") as f:
             json.dump({"traceEvents": trace}, f)
 
