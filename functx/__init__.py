@@ -19,6 +19,7 @@ from .errors import (
     JaxOnFunctxValueError,
     MissingRuleError,
 )
+from .caches import cache_info, clear_caches
 from .custom import custom_jvp, custom_vjp
 from .lifting import lift
 from .autograd.grad_mode import (  # noqa: F401  (as torch re-exports them)
@@ -59,5 +60,5 @@ __all__ = [
     "numpy", "lax", "nn", "random", "test_util", "autograd", "config",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
-    "JaxOnFunctxValueError",
+    "JaxOnFunctxValueError", "clear_caches", "cache_info",
 ]

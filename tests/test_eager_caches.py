@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 import functx as fx
 import functx.numpy as fnp
+from functx import caches
 from functx.interpreters import reverse
 
 rng = np.random.default_rng(2)
@@ -29,10 +30,11 @@ def loss(np_):
 def test_repeated_grads_equal_jax_before_and_after_the_caches_engage():
     g = fx.grad(loss(fnp), argnums=(0, 1))
     want = jax.grad(loss(jnp), argnums=(0, 1))(W, X)
-    for i in range(4):
+    for i in range(5):
         got = g(W, X)
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-12)
+        caches.wait_for_compiles()  # NOTE [bounded caches]: compiled off this thread
     fused = [k[0].name for k, v in reverse._fused.entries.items() if isinstance(v, reverse.FusedStep)]
     assert {"tanh", "dot_general", "exp"} <= set(fused)
     assert any(not isinstance(v, int) for v in reverse._backward.entries.values())
@@ -89,5 +91,126 @@ def test_repeated_vmaps_equal_jax_before_and_after_batched_steps_engage():
     for _ in range(3):
         got = fx.vmap(f(fnp), in_dims=(None, 1))(W, xs.T)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+        caches.wait_for_compiles()
     built = [k[0].name for k, v in batching._steps.entries.items() if isinstance(v, batching.BatchedStep)]
     assert {"dot_general", "tanh", "cos"} <= set(built)
+
+
+# --------------------------------------------------------------------------
+# NOTE [bounded caches]: compiled off the calling thread, bounded, weak
+
+
+class _HeldExecutor:
+    """Stands in for the compile thread: compilations wait until released."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn):
+        from concurrent.futures import Future
+
+        future = Future()
+        self.jobs.append((fn, future))
+        return future
+
+    def release(self):
+        for fn, future in self.jobs:
+            future.set_result(fn())
+        self.jobs.clear()
+
+
+def _bits(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch):
+    """While the fused steps, batched steps and compiled backward passes
+    are compiling, calls take the per-primitive path; once they are ready
+    the cached path runs. Every call's result is identical, bit for bit,
+    and equal to JAX's."""
+    caches.wait_for_compiles()
+    earlier = len(reverse._fused.pending) + len(reverse._backward.pending)  # other tests'
+    held = _HeldExecutor()
+    monkeypatch.setattr(caches, "_executor", held)
+    w = W * 1.2345  # avals/values no other test uses, so nothing is cached yet
+    xs = jnp.asarray(rng.uniform(-1, 1, (6, 5)))
+
+    def per_sample(np_):
+        def f(w, x):
+            h = np_.tanh(w @ x)
+            return np_.sum(np_.exp(-h ** 2) * np_.sin(x[:4])) + np_.max(h)
+        return f
+
+    grad_fn = fx.grad(per_sample(fnp))
+    vmapped = fx.vmap(fx.grad(per_sample(fnp)), in_dims=(None, 0))
+    first = (_bits(grad_fn(w, X)), _bits(vmapped(w, xs)))
+    for _ in range(3):  # compilations requested, none finished
+        assert (_bits(grad_fn(w, X)), _bits(vmapped(w, xs))) == first
+    pending = len(reverse._fused.pending) + len(reverse._backward.pending)
+    assert pending > earlier and held.jobs
+    held.release()
+    for _ in range(2):
+        assert (_bits(grad_fn(w, X)), _bits(vmapped(w, xs))) == first
+    assert len(reverse._fused.pending) + len(reverse._backward.pending) <= earlier
+    want = jax.grad(per_sample(jnp))(w, X)
+    np.testing.assert_allclose(np.asarray(grad_fn(w, X)), np.asarray(want), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(vmapped(w, xs)),
+                               np.asarray(jax.vmap(jax.grad(per_sample(jnp)), in_axes=(None, 0))(w, xs)),
+                               rtol=1e-6, atol=1e-12)
+
+
+def test_caches_are_bounded_and_count_keys_seen_once_in_an_lru(monkeypatch):
+    cache = caches.RepeatCache("test cache", after=1, limit=3, count_limit=4)
+    monkeypatch.setattr(caches, "BACKGROUND", False)
+    try:
+        for i in range(10):
+            for _ in range(2):
+                cache.get(("key", i), lambda i=i: (f"value {i}", lambda: 7))
+            assert len(cache.entries) <= 3 and len(cache.counts) <= 4
+        assert list(cache.entries.values()) == ["value 7", "value 8", "value 9"]
+        assert cache.bytes == 21
+        for i in range(10):  # keys seen once are forgotten in LRU order
+            cache.get(("once", i), lambda: (None, None))
+        assert len(cache.counts) == 4 and ("once", 9) in cache.counts
+        info = fx.cache_info()["test cache"]
+        assert (info["entries"], info["limit"], info["counted"]) == (3, 3, 4)
+        fx.clear_caches()
+        assert not cache.entries and not cache.counts and cache.bytes == 0
+    finally:
+        caches._REGISTRY.pop("test cache", None)
+
+
+def test_a_graph_in_a_key_is_held_weakly():
+    """A key holding a staged graph (a jit_call's parameter) does not keep
+    it alive; once it dies its entries go at the next insertion."""
+    import gc
+    import weakref
+
+    from functx.interpreters.staging import Graph
+
+    cache = caches.Cache("test weak cache", limit=10)
+    try:
+        graph = Graph([], [], [])
+        ref = weakref.ref(graph)
+        key = ("jit_call", (("graph", graph), ("name", "f")))
+        cache.put(key, "compiled")
+        assert cache.get(key) == "compiled"
+        assert cache.get(("jit_call", (("graph", Graph([], [], [])), ("name", "f")))) is None
+        del graph, key
+        gc.collect()
+        assert ref() is None
+        cache.put(("other",), "x")
+        assert list(cache.entries) == [("other",)]
+    finally:
+        caches._REGISTRY.pop("test weak cache", None)
+
+
+def test_clear_caches_then_results_unchanged():
+    g = fx.grad(loss(fnp), argnums=(0, 1))
+    before = _bits(g(W, X))
+    g(W, X)
+    caches.wait_for_compiles()
+    fx.clear_caches()
+    info = fx.cache_info()
+    assert all(v["entries"] == 0 for v in info.values())
+    assert _bits(g(W, X)) == before

@@ -48,7 +48,8 @@ from ..core import (
 )
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
-from .eval import RepeatCache, compiled
+from ..caches import RepeatCache
+from .eval import compile_ahead, compiled
 from .staging import eval_graph, one_equation_graph, stage
 
 batch_rules = {}  # Primitive -> rule
@@ -185,7 +186,9 @@ class BatchedStep:
     __slots__ = ("fn", "out_dims")
 
 
-_steps = RepeatCache(after=1, limit=20000)  # (prim, params, avals, dims, size) -> BatchedStep
+# (prim, params, avals, dims, size) -> BatchedStep; NOTE [bounded caches]
+_steps = RepeatCache("batched steps", after=1, limit=4096, byte_limit=256 << 20,
+                     doc="eager vmap: one compiled batched program per primitive")
 
 
 def batched_step(prim, params, vals, dims, axis_size):
@@ -207,8 +210,8 @@ def _build_step(prim, params, vals, dims, axis_size):
         graph = one_equation_graph(prim, params, in_avals)
         batched, out_dims = batch_graph(graph, axis_size, dims)
     except FunctxError:  # no rule, or a rule that needs concrete values
-        return None
+        return None, None
     step = BatchedStep()
-    step.fn = compiled(batched)
+    step.fn = compiled(batched, f"functx_vmap_{prim.name}")
     step.out_dims = out_dims
-    return step
+    return step, compile_ahead(step.fn, *vals)

@@ -11,11 +11,9 @@ evaluation is a call of that primitive:
   times cheaper than binding the JAX primitive eagerly).
 """
 
-from functools import partial
-
 import jax
 
-from .. import xla_cpu
+from .. import caches, xla_cpu
 
 impl_rules = {}  # Primitive -> callable(*args, **params)
 
@@ -25,7 +23,7 @@ _JaxTracer = jax.core.Tracer
 def lower_to_jax(prim):
     """Register the evaluation of `prim` as its JAX primitive."""
     jax_prim = prim.jax
-    compiled = {}
+    compiled = {}  # NOTE [bounded caches]: FIFO, at most PROGRAMS_PER_PRIMITIVE
     sized = prim.name == "dot_general"  # NOTE [XLA:CPU's matrix-product library]
 
     def impl(*args, **params):
@@ -40,7 +38,9 @@ def lower_to_jax(prim):
             fn = compiled[key]
         except KeyError:
             options = xla_cpu.products_off() if sized and key[-1] else None
-            fn = compiled[key] = jax.jit(partial(jax_prim.bind, **params),
+            if len(compiled) >= PROGRAMS_PER_PRIMITIVE:
+                del compiled[next(iter(compiled))]
+            fn = compiled[key] = jax.jit(_named_bind(jax_prim, params),
                                          compiler_options=options)
         except (TypeError, AttributeError):  # unhashable parameters, shapeless args: no cache
             return jax_prim.bind(*args, **params)
@@ -48,7 +48,28 @@ def lower_to_jax(prim):
 
     impl.programs = compiled  # parameters (and for dot_general: large?) -> jitted bind
     impl_rules[prim] = impl
+    _PROGRAMS.append(compiled)
     return impl
+
+
+PROGRAMS_PER_PRIMITIVE = 512  # distinct parameter sets per primitive
+_PROGRAMS = []  # the `programs` dict of every primitive lowered here
+
+
+def _named_bind(jax_prim, params):
+    def bind(*args):
+        return jax_prim.bind(*args, **params)
+
+    bind.__name__ = bind.__qualname__ = f"functx_eval_{jax_prim.name}"
+    return bind
+
+
+caches.register(
+    "eager programs",
+    lambda: [d.clear() for d in _PROGRAMS],
+    lambda: {"entries": sum(len(d) for d in _PROGRAMS),
+             "limit": PROGRAMS_PER_PRIMITIVE * len(_PROGRAMS),
+             "doc": "one jitted program per primitive and parameter set (FIFO per primitive)"})
 
 
 def defimpl(prim, fn):
@@ -58,40 +79,35 @@ def defimpl(prim, fn):
     return fn
 
 
-def compiled(graph):
+def compiled(graph, name="functx_graph"):
     """A staged graph as one jax.jit-compiled function of its inputs
     (returning the list of its outputs), made once per graph (with the
-    options of NOTE [XLA:CPU's matrix-product library])."""
+    options of NOTE [XLA:CPU's matrix-product library]); `name` is the
+    program's name in JAX's compile logs."""
     fn = graph.cache.get("compiled")
     if fn is None:
         from .staging import eval_graph
 
-        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(
-            lambda *args: eval_graph(graph, args), xla_cpu.sizes_in_graph(graph))
+        def run(*args):
+            return eval_graph(graph, args)
+
+        run.__name__ = run.__qualname__ = name
+        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(run, xla_cpu.sizes_in_graph(graph))
     return fn
 
 
-class RepeatCache:
-    """What eager transforms compile for work that repeats: a key is
-    counted until it has been seen `after` times, then `build()` is made
-    once and returned from then on (None until then, and when `build`
-    declines). Work seen fewer times never pays for a compilation."""
+def compile_ahead(fn, *args):
+    """A function compiling `fn` (a `compiled(...)` program) for arguments
+    shaped like `args` (arrays or avals, nested in lists), returning the
+    program's size in bytes: what a `RepeatCache` runs off the calling
+    thread (NOTE [bounded caches])."""
+    specs = jax.tree_util.tree_map(_spec, list(args))
 
-    def __init__(self, after, limit):
-        self.after = after
-        self.limit = limit
-        self.entries = {}  # key -> times seen | built value
+    def compile_now():
+        return caches.program_size(fn.lower(*specs).compile())
 
-    def get(self, key, build):
-        """The built value for `key`, or None; raises TypeError when the
-        key is not hashable."""
-        entries = self.entries
-        entry = entries.get(key, 0)
-        if type(entry) is not int:
-            return entry
-        if entry < self.after:
-            if len(entries) < self.limit:
-                entries[key] = entry + 1
-            return None
-        entries[key] = entry = build()
-        return entry
+    return compile_now
+
+
+def _spec(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=bool(getattr(x, "weak_type", False)))

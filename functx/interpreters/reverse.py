@@ -49,7 +49,8 @@ from ..core import Aval, Zero, aval_of, bind, check_tree_usable, check_usable, m
 from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
-from .eval import RepeatCache, compiled
+from ..caches import RepeatCache
+from .eval import compile_ahead, compiled
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
     Const,
@@ -219,7 +220,9 @@ class FusedStep:
     __slots__ = ("primal", "split")
 
 
-_fused = RepeatCache(after=1, limit=20000)  # (prim, params, avals, differentiated)
+# (prim, params, avals, differentiated) -> FusedStep; NOTE [bounded caches]
+_fused = RepeatCache("fused steps", after=1, limit=4096, byte_limit=256 << 20,
+                     doc="eager reverse mode: one compiled primal+residuals program per primitive")
 
 
 def fused_step(prim, params, primals, differentiated):
@@ -237,14 +240,16 @@ def _build_fused(prim, params, primals, differentiated):
         split = jvp_graph(one_equation_graph(prim, params, [aval_of(p) for p in primals]),
                           differentiated)
     except FunctxError:  # a rule that needs concrete values: stay unfused
-        return None
+        return None, None
     step = FusedStep()
-    step.primal = compiled(split.primal)
+    step.primal = compiled(split.primal, f"functx_fused_{prim.name}")
     step.split = split
-    return step
+    return step, compile_ahead(step.primal, *primals)
 
 
-_backward = RepeatCache(after=2, limit=2000)  # tape structure -> compiled transpose
+# tape structure -> compiled transpose; NOTE [bounded caches]
+_backward = RepeatCache("backward passes", after=2, limit=1024, byte_limit=256 << 20,
+                        doc="eager reverse mode: one compiled transpose per tape structure")
 
 
 def compiled_backward(graph, cts):
@@ -277,7 +282,7 @@ def compiled_backward(graph, cts):
         outs = tuple(index[x] for x in graph.outputs)
         key = (tuple(sig), outs, tuple(v.aval for v in graph.inputs),
                tuple(c.aval for c in consts), tuple(c.aval for c in cts))
-        transpose = _backward.get(key, lambda: _compile_backward(graph, consts))
+        transpose = _backward.get(key, lambda: _compile_backward(graph, consts, cts))
     except (KeyError, TypeError):  # a constant output, unhashable parameters
         return None
     if transpose is None:
@@ -286,7 +291,7 @@ def compiled_backward(graph, cts):
     return [Zero(v.aval) if c is None else c for v, c in zip(graph.inputs, out)]
 
 
-def _compile_backward(graph, consts):
+def _compile_backward(graph, consts, cts):
     """A jitted `(consts, cts) -> input cotangents (None for zeros)` for
     every tape with the structure of `graph`; holds no value of `graph`."""
     const_vars = {}
@@ -306,7 +311,9 @@ def _compile_backward(graph, consts):
         in_cts = backward_pass(template, cts, known=dict(zip(order, const_vals)))
         return [None if type(c) is Zero else c for c in in_cts]
 
-    return xla_cpu.jit_by_size(transpose, xla_cpu.sizes_in_graph(template))
+    transpose.__name__ = transpose.__qualname__ = "functx_backward"
+    fn = xla_cpu.jit_by_size(transpose, xla_cpu.sizes_in_graph(template))
+    return fn, compile_ahead(fn, list(consts), list(cts))
 
 
 class LinearMap:

@@ -103,7 +103,7 @@ class Graph:
     from one (its jvp, batched and transposed graphs, its compiled form), so
     a graph that is reused is transformed and compiled once."""
 
-    __slots__ = ("inputs", "eqns", "outputs", "cache")
+    __slots__ = ("inputs", "eqns", "outputs", "cache", "__weakref__")
 
     def __init__(self, inputs, eqns, outputs):
         self.inputs = inputs

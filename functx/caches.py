@@ -1,0 +1,319 @@
+"""functx's caches: bounded, weakly holding what users own, compiled off
+the calling thread, and inspectable (`functx.cache_info()`,
+`functx.clear_caches()`).
+
+NOTE [bounded caches]
+Eager transforms cache what they compile for work that repeats (NOTE [eager
+reverse mode in few dispatches] in interpreters/reverse.py, the batched
+steps of interpreters/batching.py, the per-primitive programs of
+interpreters/eval.py), and lifting caches the programs of JAX functions
+(lifting.py). Every one of them is a `Cache` registered here:
+
+* **Bounded.** An LRU with a bound in entries and, where entries hold
+  compiled programs, in bytes (the programs' generated code, as XLA reports
+  it). Counting "seen once" keys (a `RepeatCache` compiles on the N-th
+  sighting) is an LRU of its own, so keys seen once are forgotten.
+* **Weak where the user owns the object.** A staged Graph or a user's
+  function that appears in a key (a `jit_call`'s graph parameter, a lifted
+  function) is held through a `WeakRef` key part: the cache does not keep
+  it alive, and once it dies its entries can never match again and are
+  purged at the next insertion (with what they hold: derived graphs,
+  compiled programs).
+* **Compiled off the calling thread.** The N-th sighting of a key builds
+  its value (staging, cheap) and hands the XLA compilation to one
+  background thread (`BACKGROUND`; XLA compiles without holding the GIL).
+  Until the program is ready the caller keeps taking the uncached path (the
+  per-primitive programs, already compiled), so no call stalls on a
+  compilation of repeated structure. Both paths run the same primitives
+  with the same rules, and tests compare their results bit for bit.
+  `FUNCTX_BACKGROUND_COMPILE=0` compiles on the calling thread instead
+  (the first cached call then waits for it).
+"""
+
+import collections
+import os
+import threading
+import weakref
+
+__all__ = ["Cache", "RepeatCache", "WeakRef", "clear_caches", "cache_info", "weak_key_part"]
+
+BACKGROUND = os.environ.get("FUNCTX_BACKGROUND_COMPILE", "1") != "0"
+
+_REGISTRY = {}  # name -> Cache
+_MISSING = object()
+
+
+class WeakRef:
+    """A key part that refers to `obj` weakly: equal to `obj` itself (and to
+    other WeakRefs of it) while it lives, to nothing after."""
+
+    __slots__ = ("ref", "hash", "__weakref__")
+
+    def __init__(self, obj, callback=None):
+        self.ref = weakref.ref(obj, callback)
+        self.hash = hash(obj)
+
+    def __hash__(self):
+        return self.hash
+
+    def __eq__(self, other):
+        obj = self.ref()
+        if obj is None:
+            return False
+        if type(other) is WeakRef:
+            return obj is other.ref()
+        return obj is other
+
+    def alive(self):
+        return self.ref() is not None
+
+
+def _weak_types():
+    from .interpreters.staging import Graph
+
+    return (Graph,)
+
+
+def weak_key_part(value, types=None):
+    """`value` with the objects of `types` (default: staged Graphs) in it
+    (directly, or in a tuple) replaced by `WeakRef`s; the same object when
+    there are none."""
+    types = types or _weak_types()
+    if isinstance(value, types):
+        return WeakRef(value)
+    if type(value) is tuple:
+        parts = tuple(weak_key_part(v, types) for v in value)
+        if any(a is not b for a, b in zip(parts, value)):
+            return parts
+    return value
+
+
+def _refs(key, out):
+    if type(key) is WeakRef:
+        out.append(key)
+    elif type(key) is tuple:
+        for k in key:
+            _refs(k, out)
+    return out
+
+
+class Cache:
+    """An LRU from keys to values, bounded by `limit` entries and by
+    `byte_limit` bytes (`size(value)`; 0 when no size is known). Keys may
+    hold `WeakRef` parts (`weakly`): an entry whose referent died is dropped
+    at the next insertion."""
+
+    def __init__(self, name, limit, byte_limit=None, size=None, doc=""):
+        self.name = name
+        self.limit = limit
+        self.byte_limit = byte_limit
+        self.size = size
+        self.doc = doc
+        self.entries = collections.OrderedDict()
+        self.sizes = {}
+        self.bytes = 0
+        self.hits = self.misses = 0
+        self._watch = {}  # stored key -> weak references watching its WeakRef parts
+        self._dead = []  # stored keys whose referents died
+        _REGISTRY[name] = self
+
+    def get(self, key, default=None):
+        value = self.entries.get(key, _MISSING)
+        if value is _MISSING:
+            self.misses += 1
+            return default
+        self.hits += 1
+        try:
+            self.entries.move_to_end(key)
+        except KeyError:  # evicted meanwhile by another thread
+            pass
+        return value
+
+    def put(self, key, value, nbytes=None):
+        entries = self.entries
+        if key in entries:
+            self._drop(key)
+        stored = weak_key_part(key) if type(key) is tuple else key
+        if nbytes is None:
+            nbytes = self.size(value) if self.size is not None else 0
+        entries[stored] = value
+        self.sizes[stored] = nbytes
+        self.bytes += nbytes
+        if stored is not key:
+            self._watch_key(stored)
+        while self._dead:
+            self._drop(self._dead.pop())
+        while len(entries) > self.limit or (
+                self.byte_limit is not None and self.bytes > self.byte_limit and len(entries) > 1):
+            self._drop(next(iter(entries)))
+
+    def _watch_key(self, stored):
+        dead = self._dead
+        watchers = []
+        for part in _refs(stored, []):
+            obj = part.ref()
+            if obj is not None:
+                # Only appends: the entry is dropped at the next insertion,
+                # never from inside a garbage collection.
+                watchers.append(weakref.ref(obj, lambda _, k=stored: dead.append(k)))
+        self._watch[stored] = watchers
+
+    def _drop(self, key):
+        self._watch.pop(key, None)
+        try:
+            self.entries.pop(key)
+        except KeyError:
+            return
+        self.bytes -= self.sizes.pop(key, 0)
+
+    def clear(self):
+        self.entries.clear()
+        self.sizes.clear()
+        self._watch.clear()
+        self._dead.clear()
+        self.bytes = 0
+
+    def info(self):
+        return {"entries": len(self.entries), "limit": self.limit, "bytes": self.bytes,
+                "byte_limit": self.byte_limit, "hits": self.hits, "misses": self.misses,
+                "doc": self.doc}
+
+
+class RepeatCache(Cache):
+    """What eager transforms compile for work that repeats: a key is
+    counted until it has been seen `after` times; then `build()` makes the
+    value (or None: declined) and returns `(value, compile)`, where
+    `compile()` compiles the value's program and returns its size in bytes
+    (or None when there is nothing to compile). With `BACKGROUND` the
+    compilation runs on the compile thread and `get` returns None until it
+    is done; the uncached path runs meanwhile."""
+
+    def __init__(self, name, after, limit, byte_limit=None, count_limit=4096, doc=""):
+        super().__init__(name, limit, byte_limit, doc=doc)
+        self.after = after
+        self.counts = collections.OrderedDict()  # key -> times seen (LRU)
+        self.count_limit = count_limit
+        self.pending = {}  # key -> (value, Future)
+
+    def get(self, key, build):
+        """The built value for `key`, or None; raises TypeError when the
+        key is not hashable."""
+        value = self.entries.get(key, _MISSING)
+        if value is not _MISSING:
+            try:
+                self.entries.move_to_end(key)
+            except KeyError:
+                pass
+            return value
+        if self.pending:
+            waiting = self.pending.get(key)
+            if waiting is not None:
+                return self._finish(key, *waiting)
+        counts = self.counts
+        seen = counts.get(key, 0)
+        if seen < self.after:
+            stored = weak_key_part(key)
+            counts[stored] = seen + 1
+            counts.move_to_end(stored)
+            if len(counts) > self.count_limit:
+                counts.popitem(last=False)
+            return None
+        counts.pop(key, None)
+        value, compile_fn = build()
+        if value is None or compile_fn is None:
+            self.put(key, value, 0)
+            return value
+        if not BACKGROUND:
+            self.put(key, value, _compiled_size(compile_fn))
+            return value
+        self.pending[weak_key_part(key)] = (value, _submit(compile_fn))
+        return None
+
+    def _finish(self, key, value, future):
+        if not future.done():
+            return None
+        self.pending.pop(key, None)
+        if future.exception() is not None:
+            value, nbytes = None, 0  # it did not compile: stay uncached
+        else:
+            nbytes = future.result() or 0
+        self.put(key, value, nbytes)
+        return value
+
+    def clear(self):
+        super().clear()
+        self.counts.clear()
+        self.pending.clear()
+
+    def info(self):
+        return {**super().info(), "counted": len(self.counts), "pending": len(self.pending),
+                "after": self.after}
+
+
+def _compiled_size(compile_fn):
+    try:
+        return compile_fn() or 0
+    except Exception:  # noqa: BLE001 - the call itself will raise if it must
+        return 0
+
+
+_executor = None
+_executor_lock = threading.Lock()
+
+
+def _submit(compile_fn):
+    global _executor
+    if _executor is None:
+        with _executor_lock:
+            if _executor is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="functx-compile")
+    return _executor.submit(compile_fn)
+
+
+def wait_for_compiles():
+    """Block until the background compilations submitted so far are done
+    (for tests and benchmarks that want the steady state at once)."""
+    if _executor is not None:
+        _executor.submit(lambda: None).result()
+
+
+def program_size(compiled):
+    """Bytes of a compiled program's generated code (0 when XLA does not say)."""
+    try:
+        analysis = compiled.memory_analysis()
+        return int(getattr(analysis, "generated_code_size_in_bytes", 0) or 0)
+    except Exception:  # noqa: BLE001 - backends without a memory analysis
+        return 0
+
+
+def clear_caches():
+    """Empty every functx cache (compiled eager steps, per-primitive
+    programs, lifted and jitted programs). Like `jax.clear_caches()`, for
+    functx's own caches; the next calls stage and compile again."""
+    for cache in list(_REGISTRY.values()):
+        cache.clear()
+    for hook in _CLEAR_HOOKS:
+        hook()
+
+
+_CLEAR_HOOKS = []  # extra clear functions of caches kept elsewhere
+_INFO_HOOKS = {}  # name -> function returning an info dict
+
+
+def cache_info():
+    """Per cache: entries, its bound, bytes held (compiled code) and its
+    bound, hits and misses, and for the caches of repeated work the keys
+    still being counted and the programs still compiling."""
+    info = {name: cache.info() for name, cache in _REGISTRY.items()}
+    for name, fn in _INFO_HOOKS.items():
+        info[name] = fn()
+    return info
+
+
+def register(name, clear, info):
+    """Register a cache kept outside this module (a dict on a wrapper, an
+    lru_cache) with its clear and info functions."""
+    _CLEAR_HOOKS.append(clear)
+    _INFO_HOOKS[name] = info
