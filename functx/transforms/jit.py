@@ -7,7 +7,8 @@ leave a pure JAX program, which XLA compiles and caches per shapes, dtypes
 and static arguments. Calls that hit the cache take jax.jit's C++ path.
 
 Called on values of an enclosing functx transform (`grad(jit(f))`,
-`vmap(jit(f))`), `f` is staged once per signature into a functx `Graph` and
+`vmap(jit(f))`), `f` is staged once per signature (and per function, however
+many `jit(f)` wrap it: NOTE [one jit per function]) into a functx `Graph` and
 applied with the `jit_call` primitive (primitives/call.py), whose rules
 transform the graph as a whole; the enclosing transform sees one operation
 and the bottom of the stack runs it as one compiled program. A function that
@@ -29,8 +30,12 @@ under a transform can never hit the cache by mistake: functx values are not
 JAX arrays, so the C++ path always misses on them, and a function closing
 over a transform's values is a new object, whose cache is empty. The
 handler is installed through JAX internals (`jax._src.pjit`); if they are
-not as expected, `jit` returns a Python `Jitted` wrapper instead, which
-costs ~1.5 µs more per call.
+not as expected, `jit` returns a Python `_Wrapper` instead, which costs
+~1.5 µs more per call. Each `jit(f)` returns a C++ function of its own (it
+holds `f`), built on the traced function shared by every `jit(f)` of the
+same `f` (NOTE [one jit per function]) from the arguments JAX parsed for
+the first (`_jit_info`), so a fresh wrapper costs less than a `jax.jit(f)`
+and its first call hits the programs JAX cached for that function.
 
 `jit` compiles with the options of NOTE [XLA:CPU's matrix-product library]
 (functx/xla_cpu.py): `_miss` traces the program first (JAX caches the trace,
@@ -41,9 +46,13 @@ C++. A program that threads the generator state (which runs Python on every
 call) makes the same choice once per signature (`_stateful_for`).
 """
 
+import collections
+import enum
 import functools
 import inspect
 import threading
+import types
+import weakref
 
 import jax
 import numpy as np
@@ -161,10 +170,13 @@ class _PjitModuleProxy:
         return self._real.pjit(name, fun, miss, *rest)
 
 
-def _cpp_jit(fun, miss, options, with_jax_miss=False):
+def _cpp_jit(fun, miss, options, with_jax_miss=False, jit_info=None):
     """`jax.jit(fun, **options)` whose cache misses go to
     `miss(jax_miss, args, kwargs)`; None where JAX's internals differ. With
-    `with_jax_miss`: (that function, JAX's own cache miss of it), or None."""
+    `with_jax_miss`: (that function, JAX's own cache miss of it), or None.
+    `jit_info`: what JAX parsed from `fun` and `options` for an earlier one
+    (its `_jit_info`), which skips parsing them again (two thirds of
+    jax.jit's cost; NOTE [one jit per function])."""
     try:
         from jax._src import pjit as _pjit
 
@@ -177,7 +189,14 @@ def _cpp_jit(fun, miss, options, with_jax_miss=False):
         proxy = _PjitModuleProxy(real, fun, miss)
         _pjit._jax = proxy
         try:
-            jitted = jax.jit(fun, **options)
+            jitted = None
+            if jit_info is not None:
+                try:
+                    jitted = _pjit._cpp_pjit(fun, jit_info)
+                except Exception:  # noqa: BLE001 - JAX's internals differ: parse again
+                    proxy.used = False
+            if jitted is None:
+                jitted = jax.jit(fun, **options)
         finally:
             _pjit._jax = real
     if not proxy.used:
@@ -208,51 +227,377 @@ class _Inline:
     """Cache entry: this signature runs inline (see NOTE [two ways down to XLA])."""
 
 
+# -- the cache of jit's state, keyed on the function --------------------------
+#
+# NOTE [one jit per function]
+# `functx.jit(f, **options)` looks up the state behind it (a `Jitted`: the
+# graphs staged for transforms, the traced function whose programs JAX
+# compiles and caches) in `_cache`, keyed on `f` and the options, so that
+# every `functx.jit(f)` of the same `f` (a new wrapper per loop iteration,
+# per call of a transformed function) traces, stages and compiles once, as
+# every `jax.jit(f)` of the same `f` does. Under a transform the staged
+# graph is the same object each time, so what the transforms derive from it
+# and cache on `graph.cache` (its jvp, transpose, batched graphs, compiled
+# programs) and the eager caches keyed on it are reused too.
+#
+# * The key names `f` by identity, as JAX's caches do: a new function object
+#   (a lambda or closure made again) is a new key, even with the same code
+#   and the same closure cells, so two closures over different values never
+#   share a graph; and a function whose globals or cells change after its
+#   first call keeps what its first trace baked in (as with jax.jit). Two
+#   more cases are shared where JAX would trace again, soundly: a
+#   `functools.partial` by (its function's key, its arguments, its keyword
+#   arguments), the arguments by (type, value) for numbers, strings, None,
+#   enum members, dtypes and tuples of those (1 and 1.0 are different keys),
+#   by identity for objects that hash by identity; and a bound method by
+#   (its function's key, the identity of its object). Anything else (an
+#   array or other unhashable argument, an object that takes no weak
+#   reference) is not shared: that wrapper gets state of its own.
+# * The options in the key are the user's `static_argnums`,
+#   `static_argnames`, `donate_argnums` and `compiler_options`. Within an
+#   entry, staged graphs are keyed as before on the input pytree structure,
+#   the static argument values and the input avals (not on the enclosing
+#   transforms: their rules transform the graph), and compiled programs on
+#   what JAX keys them on (its caches are keyed on the entry's `trace_pure`).
+# * Weak: the cache holds `f` (and every object its key names by identity)
+#   through weak references whose callbacks drop the entry when one dies;
+#   the entry holds the functions it stands for weakly too (`_Funs`). What
+#   `jit` returns holds `f` strongly (its `__wrapped__`, miss handler and
+#   `lower`) and the entry strongly, so an entry that leaves the cache never
+#   breaks a live wrapper.
+# * Bounded: `_cache` is an LRU of `CACHE_SIZE` entries, and each entry's
+#   staged graphs and stateful programs an LRU of `SIGNATURE_CACHE_SIZE`
+#   signatures (module attributes, read on each insertion); the programs
+#   JAX compiles are in JAX's own bounded caches. `clear_cache()` empties
+#   ours (a later `functx.clear_caches()` calls it), `cache_info()` reports
+#   them.
+
+CACHE_SIZE = 256  # entries (function, options) in `_cache`
+SIGNATURE_CACHE_SIZE = 64  # signatures per entry: staged graphs, stateful programs
+
+
+class _LRU:
+    """A map in least-recently-used order, bounded by the module attribute
+    named `bound` (read on each insertion)."""
+
+    __slots__ = ("bound", "entries")
+
+    def __init__(self, bound):
+        self.entries = collections.OrderedDict()
+        self.bound = bound
+
+    def __len__(self):
+        return len(self.entries)
+
+    def get(self, key):
+        entries = self.entries
+        value = entries.get(key)
+        if value is not None:
+            try:
+                entries.move_to_end(key)
+            except KeyError:  # another thread dropped it meanwhile
+                pass
+        return value
+
+    def put(self, key, value):
+        entries = self.entries
+        entries[key] = value
+        bound = max(1, int(globals()[self.bound]))
+        while len(entries) > bound:
+            try:
+                entries.popitem(last=False)
+            except KeyError:
+                break
+        return value
+
+    def clear(self):
+        self.entries.clear()
+
+
+class _Funs:
+    """The live functions one Jitted stands for: one, or several equal ones
+    (partials, bound methods; NOTE [one jit per function]), held weakly when
+    the Jitted is shared. Any of them computes the same."""
+
+    __slots__ = ("refs", "strong")
+
+    def __init__(self):
+        self.refs = []
+        self.strong = None
+
+    def add(self, fun, weak=True):
+        if not weak:
+            self.strong = fun
+            return
+        live = [r for r in self.refs if r() is not None]
+        if not any(r() is fun for r in live):
+            live.append(weakref.ref(fun))
+        self.refs = live
+
+    def get(self):
+        if self.strong is not None:
+            return self.strong
+        for r in self.refs:
+            fun = r()
+            if fun is not None:
+                return fun
+        raise FunctxValueError(
+            "functx.jit: the function of this compiled program was freed. Keep a reference "
+            "to what functx.jit returned (it keeps its function alive) while calling it."
+        )
+
+
+_cache = collections.OrderedDict()  # key -> _Entry (NOTE [one jit per function])
+_cache_lock = threading.Lock()
+_dead_keys = []  # keys whose referents died while the lock was held
+
+
+class _Entry:
+    __slots__ = ("jitted", "refs")
+
+    def __init__(self, jitted, refs):
+        self.jitted, self.refs = jitted, refs
+
+    def holds(self, objs):
+        refs = self.refs
+        return len(refs) == len(objs) and all(r() is o for r, o in zip(refs, objs))
+
+    def alive(self):
+        return all(r() is not None for r in self.refs)
+
+
+def _drop_dead():
+    """Drop the entries whose referents died (under `_cache_lock`)."""
+    while _dead_keys:
+        key = _dead_keys.pop()
+        entry = _cache.get(key)
+        if entry is not None and not entry.alive():
+            del _cache[key]
+
+
+def _on_death(key):
+    def callback(_ref):
+        try:
+            _dead_keys.append(key)
+            if _cache_lock.acquire(blocking=False):  # held (maybe by this thread): later
+                try:
+                    _drop_dead()
+                finally:
+                    _cache_lock.release()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
+
+    return callback
+
+
+_VALUE_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
+
+
+def _weak_part(obj, objs):
+    """`obj` named by identity, `objs` given it to hold weakly; None when it
+    takes no weak reference."""
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return None
+    objs.append(obj)
+    return ("id", id(obj))
+
+
+def _value_part(value, objs):
+    """A key part for an argument bound into a partial: (type, value) for
+    plain values (numbers, strings, None, enum members, dtypes; tuples of
+    key parts), identity (held weakly) for objects that hash by identity;
+    None for anything else (unhashable, or hashed by a value that might hold
+    a function or an array strongly)."""
+    t = type(value)
+    if t in _VALUE_TYPES:
+        return (t, value)
+    if t is tuple:
+        parts = tuple(_value_part(v, objs) for v in value)
+        return None if any(p is None for p in parts) else ("tuple", parts)
+    if isinstance(value, (enum.Enum, np.dtype)):
+        return (t, value)
+    if getattr(t, "__hash__", None) is object.__hash__:
+        return _weak_part(value, objs)
+    return None
+
+
+def _function_part(fun, objs):
+    """A key part naming `fun` (NOTE [one jit per function]), or None."""
+    t = type(fun)
+    if t is functools.partial:
+        inner = _function_part(fun.func, objs)
+        args = _value_part(fun.args, objs)
+        kwargs = _value_part(tuple(sorted(fun.keywords.items())), objs)
+        if inner is None or args is None or kwargs is None:
+            return None
+        return ("partial", inner, args, kwargs)
+    if t is types.MethodType:
+        inner = _function_part(fun.__func__, objs)
+        owner = _weak_part(fun.__self__, objs)  # the same object, whatever its hash
+        if inner is None or owner is None:
+            return None
+        return ("method", inner, owner)
+    return _weak_part(fun, objs)
+
+
+def _options_key(fun, static_argnums, static_argnames, donate_argnums, compiler_options):
+    if not (static_argnums or static_argnames or donate_argnums or compiler_options):
+        return ()
+    name = fn_name(fun)
+    options = _check_compiler_options(compiler_options, fun)
+    return (_as_tuple(static_argnums, "static_argnums", int, name),
+            _as_tuple(static_argnames, "static_argnames", str, name),
+            _as_tuple(donate_argnums, "donate_argnums", int, name),
+            None if options is None else tuple(sorted(options.items())))
+
+
+def _jitted_for(fun, static_argnums, static_argnames, donate_argnums, compiler_options):
+    """The Jitted of `fun` and these options: the cached one, or a new one
+    (cached where `fun` can be named weakly)."""
+    objs = []
+    part = _function_part(fun, objs)
+    key = None
+    if part is not None:
+        key = (part, _options_key(fun, static_argnums, static_argnames, donate_argnums,
+                                  compiler_options))
+        try:
+            hash(key)
+        except TypeError:  # an unhashable compiler option value: no sharing
+            key = None
+    if key is not None:
+        with _cache_lock:
+            _drop_dead()
+            entry = _cache.get(key)
+            if entry is not None and entry.holds(objs):
+                _cache.move_to_end(key)
+                return entry.jitted
+    jitted = Jitted(fun, static_argnums, static_argnames, donate_argnums, compiler_options,
+                    shared=key is not None)
+    if key is None:
+        return jitted
+    with _cache_lock:
+        _drop_dead()
+        entry = _cache.get(key)
+        if entry is not None and entry.holds(objs):  # another thread made it meanwhile
+            return entry.jitted
+        callback = _on_death(key)
+        _cache[key] = _Entry(jitted, [weakref.ref(o, callback) for o in objs])
+        bound = max(1, int(CACHE_SIZE))
+        while len(_cache) > bound:
+            _cache.popitem(last=False)
+    return jitted
+
+
+def clear_cache():
+    """Empty `functx.jit`'s cache (NOTE [one jit per function] in
+    functx/transforms/jit.py): the shared state of every `functx.jit(f)`,
+    with the graphs it staged and the stateful programs it built. A wrapper
+    that is still alive keeps working (it stages again when called under a
+    transform); a later `functx.jit(f)` starts afresh. JAX's own caches of
+    the compiled programs are cleared by `jax.clear_caches()`."""
+    with _cache_lock:
+        entries = list(_cache.values())
+        _cache.clear()
+        _dead_keys.clear()
+    for entry in entries:
+        entry.jitted._graphs.clear()
+        entry.jitted._stateful_programs.clear()
+
+
+def cache_info():
+    """What `functx.jit`'s cache holds: a dict with `entries` (the
+    (function, options) pairs cached now), `bound` (the most it holds,
+    `CACHE_SIZE`; least recently used entries go first), `signatures`
+    (the staged graphs and stateful programs of those entries) and
+    `signature_bound` (the most each entry holds, `SIGNATURE_CACHE_SIZE`)."""
+    with _cache_lock:
+        _drop_dead()
+        jitteds = [entry.jitted for entry in _cache.values()]
+    return {
+        "entries": len(jitteds),
+        "bound": CACHE_SIZE,
+        "signatures": sum(len(j._graphs) + len(j._stateful_programs) for j in jitteds),
+        "signature_bound": SIGNATURE_CACHE_SIZE,
+    }
+
+
 class Jitted:
-    """The state behind `functx.jit(f)`: its C++ jitted function (what
-    `jit` returns, NOTE [no Python in front of a cached call]), the cache
-    miss handler, the staged graphs and the stateful program. Where the C++
-    function cannot be built, the Jitted itself is returned and called.
-    Either way `.lower(*args)` gives JAX's lowered program (for
-    `.compile()`, `.as_text()`, `.cost_analysis()`, ...)."""
+    """The state behind `functx.jit(f)`, shared by every `functx.jit(f)` of
+    the same `f` and options (NOTE [one jit per function]): the functions
+    it stands for (weakly), the shared traced function whose programs JAX
+    caches, the cache-miss handler, the staged graphs and the stateful
+    programs. What `jit` returns is a C++ jitted function of its own per
+    call of `jit` (NOTE [no Python in front of a cached call]), or where
+    that cannot be built a Python `_Wrapper`; either holds the function
+    and this state, has `.functx_jitted` (this) and `.lower(*args)` (JAX's
+    lowered program, for `.compile()`, `.as_text()`, `.cost_analysis()`,
+    ...)."""
 
     # Internal state lives in slots, so that wrappers of a Jitted (which
     # copy its __dict__, as functools.wraps does) never copy it, and a
     # Jitted wrapping another wrapper never receives theirs.
-    __slots__ = ("_fun", "_name", "_static_argnums", "_static_argnames", "_donate", "_pure",
-                 "_stateful", "_graphs", "fast", "_compiler_options", "_trace_pure",
-                 "_other_jits", "_stateful_programs", "__dict__", "__weakref__")
+    __slots__ = ("__dict__", "__weakref__", "_compiler_options", "_donate", "_funs", "_graphs",
+                 "_jit_info", "_name", "_options", "_other_jits", "_pure", "_shared", "_stateful",
+                 "_stateful_by_options", "_stateful_programs", "_static_argnames",
+                 "_static_argnums", "_trace_pure", "fast")
 
     def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=(),
-                 compiler_options=None):
+                 compiler_options=None, shared=False):
         check_callable(fun, "jit")
         self._compiler_options = _check_compiler_options(compiler_options, fun)
-        self._fun = fun
+        self._shared = shared
+        self._funs = funs = _Funs()
+        funs.add(fun, weak=shared)
         self._name = fn_name(fun)
         self._static_argnums, self._static_argnames = _resolve_static(
             fun, static_argnums, static_argnames)
         self._donate = _as_tuple(donate_argnums, "donate_argnums", int, self._name)
         self._stateful = None  # built when a trace draws from the generator
-        self._stateful_programs = {}  # signature or options -> stateful jax.jit
-        self._graphs = {}
+        self._stateful_by_options = {}  # None or sorted options -> stateful jax.jit (<= 2)
+        self._stateful_programs = _LRU("SIGNATURE_CACHE_SIZE")  # signature -> one of those
+        self._graphs = _LRU("SIGNATURE_CACHE_SIZE")  # signature -> (graph, out tree) | _Inline
         functools.update_wrapper(self, fun, updated=())
+        del self.__wrapped__  # the state holds no function strongly
 
         def trace_pure(*args, **kwargs):
             with _random.assume_no_draws():
-                return fun(*args, **kwargs)
+                return funs.get()(*args, **kwargs)
 
         trace_pure.__name__ = trace_pure.__qualname__ = self._name
         self._trace_pure = trace_pure
-        self._other_jits = {}  # sorted options -> (C++ function, its JAX cache miss)
-        options = self._jit_options(self._compiler_options)
-        self._pure = _cpp_jit(trace_pure, self._miss, options)
+        self._other_jits = {}  # sorted options -> (C++ function, its JAX cache miss) (<= 2)
+        self._options = self._jit_options(self._compiler_options)
+        # the C++ function of the state itself (tracing, lowering), holding no user function
+        self._pure = _cpp_jit(trace_pure, self._miss, self._options)
         self.fast = self._pure is not None
         if self._pure is None:
-            self._pure = jax.jit(trace_pure, **options)
-        else:
-            functools.update_wrapper(self._pure, fun, updated=())
-            self._pure.lower = self.lower
-            self._pure.functx_jitted = self
+            self._pure = jax.jit(trace_pure, **self._options)
+        self._jit_info = getattr(self._pure, "_jit_info", None) if self.fast else None
+
+    def _fun(self, *args, **kwargs):
+        return self._funs.get()(*args, **kwargs)
+
+    def wrapper(self, fun):
+        """What `jit(fun)` returns: a new C++ jitted function (or `_Wrapper`)
+        holding `fun` and this state, sharing the programs JAX caches for
+        `_trace_pure`."""
+        if self._shared:
+            self._funs.add(fun)
+        fn = None
+        if self.fast:
+            fn = _cpp_jit(self._trace_pure, functools.partial(_miss_keeping, self, fun),
+                          self._options, jit_info=self._jit_info)
+            if fn is not None:
+                functools.update_wrapper(fn, fun, updated=())
+                fn.lower = functools.partial(_lower_keeping, self, fun)
+                fn.functx_jitted = self
+        if fn is None:
+            fn = _Wrapper(self, fun)
+        if self._static_argnums or self._static_argnames:
+            return _checking_static_arguments(fn, self)
+        return fn
 
     def _jit_options(self, compiler_options):
         return dict(static_argnums=self._static_argnums, static_argnames=self._static_argnames,
@@ -299,9 +644,9 @@ class Jitted:
         """The jax.jit of `f` threading the generator state, compiling with
         `options` (a dict that differs from the user's), or with the user's."""
         key = None if options is None else tuple(sorted(options.items()))
-        found = self._stateful_programs.get(key)
+        found = self._stateful_by_options.get(key)
         if found is None:
-            found = self._stateful_programs[key] = jax.jit(
+            found = self._stateful_by_options[key] = jax.jit(
                 self._trace_stateful,
                 static_argnums=tuple(i + 1 for i in self._static_argnums),
                 static_argnames=self._static_argnames,
@@ -335,12 +680,12 @@ class Jitted:
                 return default
             options = xla_cpu.options_for(xla_cpu.sizes_in_jaxpr(traced.jaxpr.jaxpr),
                                           self._compiler_options)
-            found = self._stateful_programs[signature] = (
-                default if options is self._compiler_options else self._stateful_jit(options))
+            found = self._stateful_programs.put(signature, (
+                default if options is self._compiler_options else self._stateful_jit(options)))
         return found
 
     def __call__(self, *args, **kwargs):
-        # (the Python wrapper, used only where `_cpp_jit` is unavailable)
+        # (through `_Wrapper`, used only where `_cpp_jit` is unavailable)
         if _stack_state.stack:
             return self._call_staged(args, kwargs)
         if self._stateful is None:
@@ -433,7 +778,7 @@ class Jitted:
         key = (in_tree, static, tuple(aval_of(x) for x in leaves))
         entry = self._graphs.get(key)
         if entry is None:
-            entry = self._graphs[key] = self._stage(leaves, in_tree, rebuild)
+            entry = self._graphs.put(key, self._stage(leaves, in_tree, rebuild))
         if entry is _Inline:
             return self._fun(*args, **kwargs)
         graph, out_tree = entry
@@ -457,6 +802,33 @@ class Jitted:
         if captured:
             return _Inline
         return graph, out_tree[0]
+
+
+
+def _miss_keeping(jitted, fun, jax_miss, args, kwargs):
+    """A wrapper's cache-miss handler: its Jitted's, with the wrapper's
+    function kept alive (NOTE [one jit per function])."""
+    return jitted._miss(jax_miss, args, kwargs)
+
+
+def _lower_keeping(jitted, fun, *args, **kwargs):
+    """A wrapper's `lower`: its Jitted's, with the wrapper's function kept
+    alive (`jit(f).lower(x)` drops the wrapper before lowering)."""
+    return jitted.lower(*args, **kwargs)
+
+
+class _Wrapper:
+    """What `jit` returns where JAX's C++ jitted function cannot be built
+    (NOTE [no Python in front of a cached call]): holds the function and
+    its shared Jitted, and calls the Jitted's Python path."""
+
+    def __init__(self, jitted, fun):
+        functools.update_wrapper(self, fun, updated=())
+        self.functx_jitted = jitted
+        self.lower = functools.partial(_lower_keeping, jitted, fun)
+
+    def __call__(self, *args, **kwargs):
+        return self.functx_jitted(*args, **kwargs)
 
 
 def _check_compiler_options(options, fun):
@@ -485,12 +857,26 @@ def jit(func, static_argnums=(), static_argnames=(), donate_argnums=(), compiler
     (a dict of XLA options, as for jax.jit) is passed to XLA when `func` is
     compiled on its own; under an outer transform or jit the graph becomes
     part of the outer program, compiled with that program's options.
+
+    The cache belongs to `func`, not to what `jit` returns: every
+    `functx.jit(func, **same options)` shares it, so a `jit` made anew in a
+    loop or inside a transformed function (`grad(lambda v: jit(f)(v))`)
+    traces, stages and compiles once, as `jax.jit` does. It is keyed on
+    `func` by identity (a lambda or closure made again is a new key, even
+    with the same code; a function whose globals or closure cells change
+    keeps what its first trace saw, as with jax.jit; a `functools.partial`
+    is keyed on its function and bound values, a bound method on its
+    function and object), on the options, and within that on the
+    arguments' pytree structure, shapes, dtypes and static values. It holds
+    `func` weakly (dropping the function frees its programs) and is bounded:
+    an LRU of `CACHE_SIZE` functions (256) and `SIGNATURE_CACHE_SIZE`
+    staged signatures each (64), in `functx/transforms/jit.py`, whose
+    `clear_cache()` empties it and `cache_info()` reports it (NOTE [one jit
+    per function] there).
     """
-    jitted = Jitted(func, static_argnums, static_argnames, donate_argnums, compiler_options)
-    fn = jitted._pure if jitted.fast else jitted
-    if jitted._static_argnums or jitted._static_argnames:
-        return _checking_static_arguments(fn, jitted)
-    return fn
+    check_callable(func, "jit")
+    return _jitted_for(func, static_argnums, static_argnames, donate_argnums,
+                       compiler_options).wrapper(func)
 
 
 def _checking_static_arguments(fn, jitted):
