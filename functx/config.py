@@ -85,7 +85,7 @@ import jax
 
 from .errors import FunctxTypeError, FunctxValueError
 
-__all__ = ["update", "read", "OPTIONS"]
+__all__ = ["OPTIONS", "read", "update"]
 
 OPTIONS = {
     "log_compiles": "write one line per XLA compilation to stderr (bool; env FUNCTX_LOG_COMPILES)",
@@ -201,8 +201,8 @@ def _reset_jax_cache():
     try:
         from jax.experimental.compilation_cache import compilation_cache as cc
         cc.reset_cache()
-    except Exception:  # noqa: BLE001 (an older/newer JAX without it: the next process uses the dir)
-        pass
+    except Exception as exc:  # noqa: BLE001 (a JAX without it: the next process uses the dir)
+        logger.debug("could not reset JAX's compilation cache: %r", exc)
 
 
 def _set_cache_dir(path):
