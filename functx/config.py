@@ -28,7 +28,7 @@ Python function to a jaxpr), '/jax/core/compile/jaxpr_to_mlir_module_duration'
 (lowering the jaxpr to an MLIR module) and
 '/jax/core/compile/backend_compile_duration' (XLA compiling the module, or
 reading it back from the persistent cache), each with the program's name as
-the keyword `fun_name` (jax 0.4.3x - 0.10; where a JAX version passes no
+the keyword `fun_name` (as jax 0.10 does; where a JAX version passes no
 name the line says "<unnamed program>"). Every program functx compiles,
 eager steps included, is a `jax.jit` program, so it is reported there.
 
