@@ -139,7 +139,7 @@ class Cache:
         entries[stored] = value
         self.sizes[stored] = nbytes
         self.bytes += nbytes
-        if stored is not key:
+        if type(stored) is tuple:
             self._watch_key(stored)
         while self._dead:
             self._drop(self._dead.pop())
@@ -156,7 +156,8 @@ class Cache:
                 # Only appends: the entry is dropped at the next insertion,
                 # never from inside a garbage collection.
                 watchers.append(weakref.ref(obj, lambda _, k=stored: dead.append(k)))
-        self._watch[stored] = watchers
+        if watchers:
+            self._watch[stored] = watchers
 
     def _drop(self, key):
         self._watch.pop(key, None)

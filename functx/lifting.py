@@ -19,6 +19,8 @@ An equation whose primitive functx does not know still runs when none of its
 inputs is a functx value; otherwise it raises an error naming the primitive.
 """
 
+import types
+
 import jax
 import jax.extend.core
 import numpy as np
@@ -26,6 +28,7 @@ from jax import tree_util
 from jax._src import config as jconfig
 from jax._src import core as jcore
 
+from . import caches
 from .core import (
     FROM_JAX, TRACER_TYPES, Aval, ImperativeValue, Tracer, aval_of, bind, check_usable,
 )
@@ -228,9 +231,13 @@ def _foreign(jax_prim, vals, params):
 # --------------------------------------------------------------------------
 # The cache of staged programs
 
-_CACHE = {}
-_CACHE_LIMIT = 8192
+# NOTE [bounded caches] (functx/caches.py): an LRU; a plain Python function
+# among the static leaves (the lifted function itself) is held weakly.
+_CACHE = caches.Cache("lifted programs", limit=2048,
+                      doc="functx.lift / JAX code on functx values: one staged program per "
+                          "function, static arguments and input avals")
 _JaxArray = jax.Array
+_FunctionType = types.FunctionType
 
 
 def _is_dynamic(leaf):
@@ -263,6 +270,8 @@ def call_lifted(fn, args, kwargs):
         elif isinstance(leaf, (_JaxArray, np.ndarray)):
             dynamic.append(leaf)
             key_parts.append(aval_of(leaf))
+        elif type(leaf) is _FunctionType:
+            key_parts.append(caches.WeakRef(leaf))
         else:
             key_parts.append(_StaticKey(leaf))
     key = (treedef, tuple(key_parts))
@@ -273,9 +282,7 @@ def call_lifted(fn, args, kwargs):
     if entry is None:
         entry, cacheable = _stage(treedef, leaves, key_parts)
         if key is not None and cacheable:
-            if len(_CACHE) >= _CACHE_LIMIT:
-                _CACHE.clear()
-            _CACHE[key] = entry
+            _CACHE.put(key, entry)
     return entry(dynamic)
 
 
@@ -321,8 +328,9 @@ class _StaticKey:
 
 
 def _stage(treedef, leaves, key_parts):
-    positions = [i for i, k in enumerate(key_parts) if not isinstance(k, _StaticKey)]
-    template = [None if not isinstance(k, _StaticKey) else leaf for leaf, k in zip(leaves, key_parts)]
+    static = (_StaticKey, caches.WeakRef)
+    positions = [i for i, k in enumerate(key_parts) if not isinstance(k, static)]
+    template = [None if not isinstance(k, static) else leaf for leaf, k in zip(leaves, key_parts)]
     outputs = {}
 
     def flat_fn(*dyn):

@@ -214,3 +214,30 @@ def test_clear_caches_then_results_unchanged():
     info = fx.cache_info()
     assert all(v["entries"] == 0 for v in info.values())
     assert _bits(g(W, X)) == before
+
+
+def test_a_lifted_function_dropped_by_the_user_is_freed():
+    import gc
+    import weakref
+
+    from functx import lifting
+
+    def make(scale):
+        def f(x):
+            return jnp.sin(x) * scale
+        return f
+
+    f = make(2.5)
+    ref = weakref.ref(f)
+    got = fx.grad(lambda x: fx.lift(f)(x).sum())(X)
+    np.testing.assert_allclose(np.asarray(got), 2.5 * np.cos(np.asarray(X)), rtol=1e-12)
+    held = [k for k in lifting._CACHE.entries if any(
+        type(p) is caches.WeakRef and p.ref() is f for p in k[1])]
+    assert len(held) == 1
+    del f, held
+    gc.collect()
+    assert ref() is None
+    g = make(1.5)
+    fx.grad(lambda x: fx.lift(g)(x).sum())(X)  # the next insertion purges
+    assert not any(type(p) is caches.WeakRef and not p.alive()
+                   for k in lifting._CACHE.entries for p in k[1])
