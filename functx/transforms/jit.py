@@ -260,7 +260,8 @@ class _Inline:
 #   transforms: their rules transform the graph), and compiled programs on
 #   what JAX keys them on (its caches are keyed on the entry's `trace_pure`).
 # * Weak: the cache holds `f` (and every object its key names by identity)
-#   through weak references whose callbacks drop the entry when one dies;
+#   through weak references whose callbacks drop the entry when one dies
+#   (at once, or at the next use of the cache if it was busy then);
 #   the entry holds the functions it stands for weakly too (`_Funs`). What
 #   `jit` returns holds `f` strongly (its `__wrapped__`, miss handler and
 #   `lower`) and the entry strongly, so an entry that leaves the cache never
