@@ -19,9 +19,10 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   it alive, and once it dies its entries can never match again and are
   purged at the next insertion (with what they hold: derived graphs,
   compiled programs).
-* **Compiled off the calling thread.** The N-th sighting of a key builds
-  its value (staging, cheap) and hands the XLA compilation to one
-  background thread (`BACKGROUND`; XLA compiles without holding the GIL).
+* **Compiled off the calling thread.** The N-th sighting of a key hands
+  the building of its value (staging the transformed one-primitive graph)
+  and its XLA compilation to one background thread (`BACKGROUND`; XLA
+  compiles without holding the GIL, staging takes turns with the caller).
   Until the program is ready the caller keeps taking the uncached path (the
   per-primitive programs, already compiled), so no call stalls on a
   compilation of repeated structure. Both paths run the same primitives
@@ -185,16 +186,18 @@ class RepeatCache(Cache):
     counted until it has been seen `after` times; then `build()` makes the
     value (or None: declined) and returns `(value, compile)`, where
     `compile()` compiles the value's program and returns its size in bytes
-    (or None when there is nothing to compile). With `BACKGROUND` the
-    compilation runs on the compile thread and `get` returns None until it
-    is done; the uncached path runs meanwhile."""
+    (or None when there is nothing to compile). With `BACKGROUND` both the
+    build (staging) and the compilation run on the compile thread, and `get`
+    returns None until they are done; the uncached path runs meanwhile.
+    `build` must therefore not depend on the calling thread's state (the
+    interpreter stack, grad mode): it stages from avals and parameters."""
 
     def __init__(self, name, after, limit, byte_limit=None, count_limit=4096, doc=""):
         super().__init__(name, limit, byte_limit, doc=doc)
         self.after = after
         self.counts = collections.OrderedDict()  # key -> times seen (LRU)
         self.count_limit = count_limit
-        self.pending = {}  # key -> (value, Future)
+        self.pending = {}  # key -> Future of (value, bytes)
 
     def get(self, key, build):
         """The built value for `key`, or None; raises TypeError when the
@@ -209,7 +212,7 @@ class RepeatCache(Cache):
         if self.pending:
             waiting = self.pending.get(key)
             if waiting is not None:
-                return self._finish(key, *waiting)
+                return self._finish(key, waiting)
         counts = self.counts
         seen = counts.get(key, 0)
         if seen < self.after:
@@ -220,24 +223,22 @@ class RepeatCache(Cache):
                 counts.popitem(last=False)
             return None
         counts.pop(key, None)
-        value, compile_fn = build()
-        if value is None or compile_fn is None:
-            self.put(key, value, 0)
-            return value
         if not BACKGROUND:
-            self.put(key, value, _compiled_size(compile_fn))
+            value, compile_fn = build()
+            self.put(key, value, 0 if value is None or compile_fn is None
+                     else _compiled_size(compile_fn))
             return value
-        self.pending[weak_key_part(key)] = (value, _submit(compile_fn))
+        self.pending[weak_key_part(key)] = _submit(lambda: _build_and_compile(build))
         return None
 
-    def _finish(self, key, value, future):
+    def _finish(self, key, future):
         if not future.done():
             return None
         self.pending.pop(key, None)
-        if future.exception() is not None:
-            value, nbytes = None, 0  # it did not compile: stay uncached
-        else:
-            nbytes = future.result() or 0
+        try:
+            value, nbytes = future.result()
+        except Exception:  # noqa: BLE001 - it did not build: stay uncached
+            value, nbytes = None, 0
         self.put(key, value, nbytes)
         return value
 
@@ -249,6 +250,13 @@ class RepeatCache(Cache):
     def info(self):
         return {**super().info(), "counted": len(self.counts), "pending": len(self.pending),
                 "after": self.after}
+
+
+def _build_and_compile(build):
+    value, compile_fn = build()
+    if value is None or compile_fn is None:
+        return value, 0
+    return value, compile_fn() or 0
 
 
 def _compiled_size(compile_fn):

@@ -932,3 +932,12 @@ def make_graph(func, static_argnums=()):
         return graph
 
     return staged
+
+
+def _register_cache():
+    from .. import caches
+
+    caches.register("jit programs", clear_cache, cache_info)  # NOTE [bounded caches]
+
+
+_register_cache()
