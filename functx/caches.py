@@ -137,6 +137,8 @@ class Cache:
         stored = weak_key_part(key) if type(key) is tuple else key
         if nbytes is None:
             nbytes = self.size(value) if self.size is not None else 0
+        if self.byte_limit is not None and nbytes > self.byte_limit:
+            return  # larger than the whole cache: not kept
         entries[stored] = value
         self.sizes[stored] = nbytes
         self.bytes += nbytes

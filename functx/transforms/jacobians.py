@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
+from .. import caches
 from ..core import aval_of, is_complex_dtype, is_real_float_dtype
 from ..errors import FunctxTypeError, FunctxValueError
 from ..primitives import structural as st
@@ -31,7 +32,10 @@ from .jvp import _check_tuple, jvp, jvp_flat
 from .vmap import check_randomness, map_over_basis
 
 
-_BASES = {}
+# NOTE [bounded caches]: eager identity bases, an LRU bounded in entries and bytes
+_BASES = caches.Cache("jacobian bases", limit=64, byte_limit=64 << 20,
+                      size=lambda r: sum(b.nbytes for b in r[0]),
+                      doc="eager jacfwd/jacrev/hessian: the identity basis per input avals")
 
 
 def _basis(avals):
@@ -53,8 +57,8 @@ def _basis(avals):
         out.append(jnp.reshape(block, (total,) + a.shape))
         start += n
     result = out, sizes, total
-    if not any(isinstance(b, jax.core.Tracer) for b in out) and len(_BASES) < 64:
-        _BASES[key] = result
+    if not any(isinstance(b, jax.core.Tracer) for b in out):
+        _BASES.put(key, result)
     return result
 
 
