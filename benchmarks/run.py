@@ -433,8 +433,12 @@ def interleaved_medians(calls, rounds, target_s, numbers):
     """Median seconds per call of each implementation, after warm-up calls.
     Each round times every implementation once (enough calls to take about
     target_s, stored in `numbers`), in a rotated order."""
+    from functx.caches import wait_for_compiles
+
     for name, call in calls.items():
         seconds_per_call(call, WARMUP_CALLS)
+        wait_for_compiles()  # functx eager compiles repeated steps off the calling thread
+        seconds_per_call(call, 1)  # ... and picks them up on the next call
         once = seconds_per_call(call, 1)
         numbers[name] = max(1, min(200, int(target_s / max(once, 1e-7))))
     samples = {name: [] for name in calls}
