@@ -49,7 +49,10 @@ on the original graph:
   unchanged with `select_n`.
 """
 
+import collections
 import functools
+import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -209,13 +212,95 @@ def _dims(flags):
     return tuple(0 if f else None for f in flags)
 
 
-def _cached_jit(graph, key, lower):
-    """The jax.jit-compiled lowering `lower(args)`, one per graph and key:
-    eager calls on concrete arrays run one compiled program."""
-    fn = graph.cache.get(key)
-    if fn is None:
-        fn = graph.cache[key] = jax.jit(lambda *args: lower(args))
-    return fn
+class _LRU:
+    """A bounded mapping, least recently used entries dropped first;
+    `on_drop(key, value)` runs for each entry dropped to keep the bound."""
+
+    def __init__(self, limit, on_drop=None):
+        self.limit = limit
+        self.on_drop = on_drop
+        self.entries = collections.OrderedDict()
+        self.lock = threading.RLock()  # weak-reference callbacks may re-enter
+
+    def get(self, key):
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is not None:
+                self.entries.move_to_end(key)
+            return hit
+
+    def put(self, key, value):
+        dropped = []
+        with self.lock:
+            self.entries[key] = value
+            self.entries.move_to_end(key)
+            while len(self.entries) > self.limit:
+                dropped.append(self.entries.popitem(last=False))
+        if self.on_drop is not None:
+            for k, v in dropped:
+                self.on_drop(k, v)
+        return value
+
+    def pop(self, key):
+        with self.lock:
+            return self.entries.pop(key, None)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def clear(self):
+        with self.lock:
+            self.entries.clear()
+
+
+# NOTE [compiled loops]
+# Eagerly (on concrete arrays) a `scan` or `while` runs as one jax.jit
+# program of its lowering, compiled once per graph and parameters and kept
+# on the graph (graph.cache), so it lives and dies with the graph: a body
+# staged once (NOTE [staged bodies: one graph per code and closure] in
+# functx/lax.py) compiles once, and the program of a body the user dropped
+# goes with it. `_PROGRAMS` bounds how many are kept: it lists them (weakly),
+# least recently used first, and past `PROGRAMS_LIMIT` the oldest program
+# is released (compiled again if its graph is used again).
+
+PROGRAMS_LIMIT = 32  # compiled loop programs kept (LRU)
+
+
+class _Program:
+    """A graph's compiled program (in graph.cache), listed in `_PROGRAMS`."""
+
+    __slots__ = ("__weakref__", "fn")
+
+
+def _release_program(key, ref):
+    holder = ref()
+    if holder is not None:
+        holder.fn = None
+
+
+_PROGRAMS = _LRU(PROGRAMS_LIMIT, _release_program)  # id(holder) -> weak ref to it
+
+
+def _cached_jit(graph, key, lower, name):
+    """The jax.jit-compiled lowering `lower(args)`, one per graph and key
+    (NOTE [compiled loops]): eager calls on concrete arrays run one compiled
+    program, compiled once while the graph is reused. `name` names it in
+    JAX's compile logs."""
+    holder = graph.cache.get(key)
+    if holder is not None and holder.fn is not None:
+        _PROGRAMS.get(id(holder))  # most recently used
+        return holder.fn
+    if holder is None:
+        holder = graph.cache[key] = _Program()
+
+    def program(*args):
+        return lower(args)
+
+    program.__name__ = program.__qualname__ = name
+    holder.fn = jax.jit(program)
+    ident = id(holder)
+    _PROGRAMS.put(ident, weakref.ref(holder, lambda _: _PROGRAMS.pop(ident)))
+    return holder.fn
 
 
 # --------------------------------------------------------------------------
@@ -435,7 +520,8 @@ def _scan_impl(*args, body, **params):
     lower = functools.partial(_scan_lower, body=body, **params)
     if any(isinstance(a, _JaxTracer) for a in args):
         return lower(args)
-    return _cached_jit(body, ("cf-scan-impl", tuple(sorted(params.items()))), lower)(*args)
+    return _cached_jit(body, ("cf-scan-impl", tuple(sorted(params.items()))), lower,
+                       "functx_scan")(*args)
 
 
 defimpl(scan_p, _scan_impl)
@@ -684,7 +770,7 @@ def _while_impl(*args, body_graph, **params):
     if any(isinstance(a, _JaxTracer) for a in args):
         return lower(args)
     key = ("cf-while-impl", tuple(sorted(params.items())))
-    return _cached_jit(body_graph, key, lower)(*args)
+    return _cached_jit(body_graph, key, lower, "functx_while")(*args)
 
 
 defimpl(while_p, _while_impl)
@@ -819,6 +905,120 @@ batch_rules[while_p] = _while_batch
 # Lifting: JAX's cond, scan and while equations (NOTE [lifting])
 
 
+# NOTE [lifted bodies by structure]
+# JAX code calling `jax.lax.scan / cond / while_loop / fori_loop` on functx
+# values reaches these rules with a jaxpr that JAX traced for that call: a
+# new jaxpr object whenever the body is a new function object (an inline
+# lambda), even when it is the same program. Each jaxpr is translated into
+# a functx Graph once per *structure*: equations, their primitives and
+# parameters, avals (weak types included) and literals, sub-jaxprs the same
+# way; a parameter of another kind counts by identity (a function, ...),
+# and so do the jaxpr's constants (JAX hoists the arrays a body closes over
+# to operands, so these are rare). Equal structures share one graph, and
+# with it everything derived from it and compiled from it. At most
+# `LIFTED_LIMIT` graphs are kept (LRU).
+
+LIFTED_LIMIT = 128
+_LIFTED = _LRU(LIFTED_LIMIT)  # jaxpr structure -> (Graph, constants kept for identity)
+
+
+class _ById:
+    """A key part comparing by identity (holding its object while the key
+    lives: parameters such as functions, jaxpr constants)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return type(other) is _ById and other.obj is self.obj
+
+
+def _aval_key(a):
+    return (type(a).__name__, getattr(a, "shape", None), getattr(a, "dtype", None),
+            getattr(a, "weak_type", None))
+
+
+def _param_key(v):
+    from jax._src import core as jcore
+
+    t = type(v)
+    if t in (int, bool, str, type(None)):
+        return (t, v)
+    if t is float:
+        return (t, v.hex())
+    if t is complex:
+        return (t, v.real.hex(), v.imag.hex())
+    if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+        return _jaxpr_key(v)
+    if isinstance(v, (tuple, list)):
+        return (t,) + tuple(_param_key(x) for x in v)
+    if isinstance(v, dict):
+        return (t,) + tuple((k, _param_key(x)) for k, x in sorted(v.items(), key=lambda kv: repr(kv[0])))
+    if isinstance(v, (np.generic, np.ndarray)) and v.size <= 64:
+        return (t, v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, np.dtype):
+        return ("dtype", v)
+    root = (getattr(t, "__module__", None) or "").split(".")[0]
+    if root in ("jax", "jaxlib", "numpy"):
+        try:  # JAX's parameter types (enums, dimension numbers, shardings) compare by value
+            hash(v)
+            return (t, v)
+        except TypeError:
+            pass
+    return _ById(v)
+
+
+def _jaxpr_key(closed):
+    """A hashable key equal for jaxprs of the same structure (NOTE [lifted
+    bodies by structure])."""
+    from jax._src import core as jcore
+
+    if isinstance(closed, jcore.ClosedJaxpr):
+        jaxpr, consts = closed.jaxpr, closed.consts
+    else:
+        jaxpr, consts = closed, ()
+    names = {}
+
+    def define(v):
+        names[v] = len(names)
+        return _aval_key(v.aval)
+
+    def use(v):
+        if isinstance(v, jcore.Literal):
+            val = np.asarray(v.val)
+            return ("lit", val.dtype.str, val.tobytes(), _aval_key(v.aval))
+        return names[v]
+
+    parts = [tuple(define(v) for v in jaxpr.constvars), tuple(define(v) for v in jaxpr.invars),
+             tuple(_ById(c) if isinstance(c, (jax.Array, np.ndarray)) else _param_key(c)
+                   for c in consts)]
+    for eqn in jaxpr.eqns:
+        ins = tuple(use(v) for v in eqn.invars)
+        params = tuple((k, _param_key(x)) for k, x in sorted(eqn.params.items()))
+        outs = tuple(define(v) for v in eqn.outvars)
+        parts.append((eqn.primitive, ins, params, outs, frozenset(eqn.effects)))
+    parts.append(tuple(use(v) for v in jaxpr.outvars))
+    return ("jaxpr", tuple(parts))
+
+
+def _lifted_graph(closed):
+    """`graph_of_jaxpr(closed)`, one graph per jaxpr structure."""
+    try:
+        key = _jaxpr_key(closed)
+        hash(key)
+    except Exception:  # noqa: BLE001 - an unhashable parameter: translate it every time
+        return graph_of_jaxpr(closed)
+    hit = _LIFTED.get(key)
+    if hit is None:
+        hit = _LIFTED.put(key, graph_of_jaxpr(closed))
+    return hit
+
+
 def _lift_cond(params):
     branches = params["branches"]
     platforms = params.get("branches_platforms")
@@ -826,21 +1026,21 @@ def _lift_cond(params):
         # `lax.platform_dependent`: keep the branch of the platform functx
         # runs on (the index JAX computes when lowering picks the same one).
         branches = (branches[int(_platform_index(platforms))],)
-    return cond_p, {"branches": tuple(graph_of_jaxpr(b) for b in branches)}
+    return cond_p, {"branches": tuple(_lifted_graph(b) for b in branches)}
 
 
 def _lift_scan(params):
     unroll = params.get("unroll", 1)
     if isinstance(unroll, bool):
         unroll = max(params["length"], 1) if unroll else 1
-    return scan_p, dict(body=graph_of_jaxpr(params["jaxpr"]), length=params["length"],
+    return scan_p, dict(body=_lifted_graph(params["jaxpr"]), length=params["length"],
                         reverse=params["reverse"], unroll=unroll,
                         num_consts=params["num_consts"], num_carry=params["num_carry"])
 
 
 def _lift_while(params):
-    cond_graph = graph_of_jaxpr(params["cond_jaxpr"])
-    body_graph = graph_of_jaxpr(params["body_jaxpr"])
+    cond_graph = _lifted_graph(params["cond_jaxpr"])
+    body_graph = _lifted_graph(params["body_jaxpr"])
     ncc, nbc = params["cond_nconsts"], params["body_nconsts"]
     if cond_graph.out_avals[0].shape == ():
         return while_p, dict(cond_graph=cond_graph, body_graph=body_graph,
