@@ -17,16 +17,32 @@ linearize) and vmap, and raise a clear error under reverse mode. JAX code
 that uses `jax.lax.cond / scan / while_loop` transforms too, through
 `functx.lift`.
 
-As in JAX, a callable is staged once per argument structure, shapes and
-dtypes and the staged program is reused while the function object lives,
-unless it closes over values of an enclosing transform (then it is staged on
-every call). Draws from functx's stateful generator inside a body are made
-once, when it is staged: use explicit keys (functx.random with a key
-argument) for fresh numbers per iteration.
+Bodies are staged once and compiled once. A callable is staged once per
+argument structure, shapes and dtypes, and looked up by its code and what
+it reads (closure, defaults, the globals it names) rather than by the
+function object: a lambda written inline, a new object on every call that
+closes over that call's values (tracers of grad / vmap, arrays), finds the
+graph staged on the first call, with the transformed graphs and compiled
+loops derived from it. The arrays it closes over are inputs of that graph,
+never baked into it, so new values give new results; a Python number or
+other static value it closes over is part of the key, so a new one stages
+again (NOTE [staged bodies: one graph per code and closure]). The body's
+Python therefore runs only when it is staged, not on every call: keep side
+effects out of it (as in code under jax.jit). Draws from functx's stateful generator
+inside a body are made when it is staged, and such a body is staged on
+every call: use explicit keys (functx.random with a key argument) for
+fresh numbers per iteration.
 """
 
 import builtins as _builtins
+import dis as _dis
+import enum as _enum
+import functools as _functools
+import sys as _sys
+import threading as _threading
+import types as _types
 import weakref as _weakref
+from collections import OrderedDict as _OrderedDict
 
 import jax as _jax
 import jax.lax as _jlax
@@ -95,7 +111,9 @@ def reduce_window(operand, init_value, computation, window_dimensions, window_st
 
 
 from . import random as _random  # noqa: E402
+from .core import TRACER_TYPES as _TRACER_TYPES  # noqa: E402
 from .core import Tracer as _Tracer  # noqa: E402
+from .core import _ArrayImpl  # noqa: E402
 from .core import aval_of as _aval_of  # noqa: E402
 from .core import bind as _bind  # noqa: E402
 from .errors import FunctxTypeError as _TypeError  # noqa: E402
@@ -113,9 +131,463 @@ _NO_OPERAND = object()
 
 # --------------------------------------------------------------------------
 # Staging callables
+#
+# NOTE [staged bodies: one graph per code and closure]
+# A body (scan's `f`, a cond branch, while_loop's functions, ...) is staged
+# into a Graph, and every graph derived from it (its jvp, transpose and
+# batched forms, NOTE [control flow under transforms] in
+# functx/primitives/control.py) and every program compiled from it is cached
+# on that graph. So a repeated call costs no staging and no compilation only
+# if it finds the *same* graph again. A lambda written inline is a new
+# function object on every call, and under a transform it closes over that
+# call's tracers, so the graph is looked up by what determines it instead:
+#
+# * The function's code object (by identity) and a *snapshot* of what the
+#   code reads: its closure cells, defaults and the module globals its code
+#   (and the code nested in it) names, followed recursively into the Python
+#   functions among them (closures, `functools.partial`, bound methods).
+# * Arrays met in the snapshot (functx values of enclosing transforms, JAX
+#   arrays and tracers, NumPy arrays) are never baked into the graph: the
+#   function is staged with a copy of itself whose closure cells, defaults
+#   or globals hold staged inputs in their place, so everything computed
+#   from them is staged too. The key holds only their shapes and dtypes;
+#   each call passes the current arrays as the primitive's operands (the
+#   loop constants). A graph therefore never holds a value that may differ
+#   on the next call, and nothing it holds belongs to a body the user
+#   dropped.
+# * Other values are keyed by value when they are immutable (None, bools,
+#   numbers, strings, dtypes, tuples of these) and by identity (held
+#   weakly where Python allows) when they are modules, classes, library
+#   functions (JAX, NumPy, functx, installed packages) or, among globals,
+#   any other object. Values reached *inside* such an object (its
+#   attributes, a list's items, a global library function's globals) are
+#   assumed not to change between calls, as JAX assumes for a function it
+#   has traced.
+#
+# A body is staged as written instead (concrete arrays it closes over
+# become graph constants), its graph cached per function object and only
+# while it captures no value of a transform (as JAX caches per function),
+# when its snapshot cannot be taken or would not be sound: its closure
+# holds a mutable or unknown object (a list, a dict, a class instance, an
+# object's bound method: e.g. a model whose parameters functional_call
+# swaps), its code assigns a variable of its closure (`nonlocal`), or it
+# assigns globals while arrays among its globals must be replaced; and when
+# staging it with staged inputs in place of its arrays fails (Python control
+# flow on a closed-over array, NumPy on it), which is remembered for its key.
+#
+# Caches: `_STAGED` (staged graphs) holds at most `_STAGED_LIMIT` entries,
+# least recently used first out; an entry whose key names an object that
+# dies (a function object, an identity-keyed global) is dropped at once.
+# Entries hold graphs, never user functions. Derived graphs live on their
+# graph (graph.cache), and so do the compiled loop programs, at most
+# `PROGRAMS_LIMIT` of them in all (NOTE [compiled loops] in
+# functx/primitives/control.py): they go with the graph. `jax.lax` loops
+# called on functx values are cached by the structure of the jaxpr JAX
+# traced (NOTE [lifted bodies by structure], same file).
+
+_STAGED_LIMIT = 128  # staged body graphs kept (LRU)
+_WALK_LIMIT = 400  # values a snapshot may visit before the body counts as unsnapshotable
+
+_MISSING = object()
+_EMPTY_CELL = ("empty-cell",)
+_PLAIN = object()  # a negative entry: stage the body of this key as written
 
 
-_STAGED = _weakref.WeakKeyDictionary()  # fn -> {(kind, in tree, avals): (graph, out tree)}
+class _Ident:
+    """A key part standing for an object by identity. It holds the object
+    weakly where Python allows (strongly otherwise: globals that are lists,
+    dicts, ...) and never equals anything once the object died. `arm`
+    (for keys stored in `_STAGED`) makes its death drop those entries."""
+
+    __slots__ = ("h", "ref", "strong")
+
+    def __init__(self, obj):
+        self.h = id(obj)
+        try:
+            self.ref, self.strong = _weakref.ref(obj), None
+        except TypeError:
+            self.ref, self.strong = None, obj
+
+    def get(self):
+        return self.strong if self.ref is None else self.ref()
+
+    def arm(self):
+        obj = self.get()
+        if self.ref is not None and obj is not None:
+            self.ref = _weakref.ref(obj, _STAGED.drop_dead)
+
+    def __hash__(self):
+        return self.h
+
+    def __eq__(self, other):
+        if type(other) is not _Ident or other.h != self.h:
+            return False
+        obj = self.get()
+        return obj is not None and obj is other.get()
+
+    def __repr__(self):
+        return f"_Ident({type(self.get()).__name__})"
+
+
+class _StagedCache:
+    """The bounded LRU of staged bodies: key -> `(graph, out_tree)` or
+    `_PLAIN` (NOTE [staged bodies: one graph per code and closure])."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.entries = _OrderedDict()
+        self.idents = {}  # key -> its armed _Idents (to find dead keys)
+        self.lock = _threading.RLock()
+
+    def get(self, key):
+        with self.lock:
+            hit = self.entries.get(key, _MISSING)
+            if hit is not _MISSING:
+                self.entries.move_to_end(key)
+            return hit
+
+    def put(self, key, value, idents):
+        with self.lock:
+            for i in idents:
+                i.arm()
+            self.entries[key] = value
+            self.entries.move_to_end(key)
+            if idents:
+                self.idents[key] = idents
+            while len(self.entries) > self.limit:
+                old, _ = self.entries.popitem(last=False)
+                self.idents.pop(old, None)
+
+    def drop_dead(self, _ref=None):
+        """Drop the entries whose key names an object that died (a weak
+        reference's callback, so it may run inside another call here)."""
+        with self.lock:
+            for k, ids in list(self.idents.items()):
+                if any(i.get() is None for i in ids):
+                    self.entries.pop(k, None)
+                    self.idents.pop(k, None)
+
+    def __len__(self):
+        return len(self.entries)
+
+    def clear(self):
+        with self.lock:
+            self.entries.clear()
+            self.idents.clear()
+
+
+_STAGED = _StagedCache(_STAGED_LIMIT)
+
+
+def _staged_cache_info():
+    """How many staged bodies are cached, and the bound."""
+    return {"entries": len(_STAGED), "limit": _STAGED.limit}
+
+
+class _Uncacheable(Exception):
+    """The snapshot of a body cannot be taken (or would not be sound)."""
+
+
+# Per code object: (global names it and its nested code read, whether it or
+# its nested code assigns a variable of its closure, whether it assigns
+# globals). Keyed by id, checked through a weak reference.
+_CODE_INFO = {}
+_LOAD_GLOBAL = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_STORE_GLOBAL = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
+_STORE_DEREF = frozenset({"STORE_DEREF", "DELETE_DEREF"})
+
+
+def _code_info(code):
+    hit = _CODE_INFO.get(id(code))
+    if hit is not None and hit[0]() is code:
+        return hit[1]
+    names, stores_deref, writes_global = set(), set(), False
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        for ins in _dis.get_instructions(c):
+            if ins.opname in _LOAD_GLOBAL:
+                names.add(ins.argval)
+            elif ins.opname in _STORE_GLOBAL:
+                writes_global = True
+            elif ins.opname in _STORE_DEREF:
+                stores_deref.add(ins.argval)
+        todo.extend(k for k in c.co_consts if isinstance(k, _types.CodeType))
+    info = (tuple(sorted(names)), bool(stores_deref & set(code.co_freevars)), writes_global)
+    key = id(code)
+
+    def forget(ref):
+        entry = _CODE_INFO.get(key)
+        if entry is not None and entry[0] is ref:
+            del _CODE_INFO[key]
+
+    _CODE_INFO[key] = (_weakref.ref(code, forget), info)
+    return info
+
+
+def _library_types():
+    kinds = {type, _types.ModuleType, _types.BuiltinFunctionType, _types.MethodWrapperType,
+             _types.WrapperDescriptorType, _types.MethodDescriptorType,
+             _types.ClassMethodDescriptorType, _np.ufunc, type(_jax.jit(abs)),
+             type(_jax.numpy.add), _jax.custom_jvp, _jax.custom_vjp}
+    return frozenset(kinds)
+
+
+_LIBRARY_TYPES = _library_types()
+_STATIC_TYPES = frozenset({type(None), bool, int, str, bytes, type(Ellipsis),
+                           type(NotImplemented), range})
+_LIBRARY_ROOTS = frozenset({"jax", "jaxlib", "numpy", "functx", "scipy", "builtins", "math",
+                            "operator", "functools", "itertools", "typing", "abc"})
+_LIBRARY_MODULES = {}  # module name -> is it a library (not user code)?
+
+
+def _is_library_function(fn):
+    """A Python function of JAX, NumPy, functx, the standard library or an
+    installed package: keyed by identity, not followed into."""
+    mod = getattr(fn, "__module__", None)
+    if not isinstance(mod, str):
+        return False
+    hit = _LIBRARY_MODULES.get(mod)
+    if hit is None:
+        if mod.split(".")[0] in _LIBRARY_ROOTS:
+            hit = True
+        else:
+            m = _sys.modules.get(mod)
+            path = getattr(m, "__file__", None) or ""
+            hit = ("site-packages" in path or "dist-packages" in path
+                   or path.startswith(_STDLIB))
+        _LIBRARY_MODULES[mod] = hit
+    return hit
+
+
+def _stdlib_dir():
+    import sysconfig
+
+    return sysconfig.get_paths().get("stdlib") or "//no-stdlib"
+
+
+_STDLIB = _stdlib_dir()
+
+
+def _is_array(x):
+    t = type(x)
+    if t in _TRACER_TYPES or t is _ArrayImpl or isinstance(x, _JaxTracer):
+        return True
+    return t is _np.ndarray and x.dtype.kind in "biufc"
+
+
+class _Snapshot:
+    """Walks what a body reads (NOTE [staged bodies: one graph per code and
+    closure]): `key` identifies it, `arrays` are the arrays in it, in order,
+    and `rebuild(tracers)` returns the body with `tracers` in their place."""
+
+    def __init__(self, fn):
+        self.arrays = []
+        self.idents = []
+        self.budget = _WALK_LIMIT
+        self.visiting = set()
+        self.funcs = {}  # id(fn) -> (key, rebuild, has arrays): functions walked
+        self.globals = {}  # id(G) -> (G, index, {name: [key, rebuild, has arrays]})
+        self.copied = set()  # id(G) of the globals dicts staging needs a copy of
+        self.writers = []  # globals dicts of walked functions that assign globals
+        self.fn = fn
+        self.key, self.top, _ = self.value(fn)
+        if any(id(g) in self.copied for g in self.writers):
+            raise _Uncacheable
+
+    def ident(self, obj):
+        i = _Ident(obj)
+        self.idents.append(i)
+        return ("I", i)
+
+    def value(self, v, global_=False):
+        """(key, rebuild, has arrays) of a value the body reads. `rebuild`
+        is None (the value itself), an int (an array's position) or a
+        callable of the rebuild context."""
+        self.budget -= 1
+        if self.budget < 0:
+            raise _Uncacheable
+        t = type(v)
+        if t in _STATIC_TYPES:
+            return (t, v), None, False
+        if t is float:
+            return (t, v.hex()), None, False
+        if t is complex:
+            return (t, v.real.hex(), v.imag.hex()), None, False
+        if _is_array(v):
+            self.arrays.append(v)
+            return ("A", _aval_of(v)), len(self.arrays) - 1, True
+        if isinstance(v, _np.generic):
+            return (t, v.dtype.str, v.tobytes()), None, False
+        if isinstance(v, _np.dtype):
+            return ("dtype", v), None, False
+        if t is _types.FunctionType:
+            if _is_library_function(v):
+                return self.ident(v), None, False
+            return self.function(v)
+        if t is tuple or (isinstance(v, tuple) and hasattr(t, "_fields")):
+            parts = [self.value(x, global_=global_) for x in v]
+            dyn = any(p[2] for p in parts)
+            rebuild = None
+            if dyn:
+                def rebuild(ctx, parts=parts, v=v, t=t):
+                    vals = [ctx.apply(r, x) for (_, r, _), x in zip(parts, v)]
+                    return tuple(vals) if t is tuple else t(*vals)
+            tkey = "T" if t is tuple else self.ident(t)
+            return (tkey,) + tuple(p[0] for p in parts), rebuild, dyn
+        if t is _functools.partial:
+            f = self.value(v.func, global_=global_)
+            a = self.value(v.args, global_=global_)
+            kw = [(k, self.value(x, global_=global_)) for k, x in sorted(v.keywords.items())]
+            dyn = f[2] or a[2] or any(p[2] for _, p in kw)
+            rebuild = None
+            if dyn:
+                def rebuild(ctx, v=v, f=f, a=a, kw=kw):
+                    return _functools.partial(
+                        ctx.apply(f[1], v.func), *ctx.apply(a[1], v.args),
+                        **{k: ctx.apply(p[1], v.keywords[k]) for k, p in kw})
+            return ("P", f[0], a[0], tuple((k, p[0]) for k, p in kw)), rebuild, dyn
+        if t is _types.MethodType:
+            f = self.value(v.__func__, global_=global_)
+            s = self.value(v.__self__, global_=global_)
+            rebuild = None
+            if f[2] or s[2]:
+                def rebuild(ctx, v=v, f=f, s=s):
+                    return _types.MethodType(ctx.apply(f[1], v.__func__),
+                                             ctx.apply(s[1], v.__self__))
+            return ("M", f[0], s[0]), rebuild, f[2] or s[2]
+        if t in _LIBRARY_TYPES or isinstance(v, (type, _enum.Enum)):
+            return self.ident(v), None, False
+        if global_:
+            # Any other global object (a list, a dict, an instance): by
+            # identity, its contents assumed unchanged (as JAX assumes).
+            return self.ident(v), None, False
+        raise _Uncacheable
+
+    def function(self, fn):
+        hit = self.funcs.get(id(fn))
+        if hit is not None:
+            return ("f", hit[0]), hit[1], hit[2]
+        if id(fn) in self.visiting:  # a closure cycle
+            raise _Uncacheable
+        code = fn.__code__
+        names, writes_closure, writes_global = _code_info(code)
+        if writes_closure:
+            raise _Uncacheable
+        self.visiting.add(id(fn))
+        index = len(self.funcs)
+        cells = []
+        for c in fn.__closure__ or ():
+            try:
+                content = c.cell_contents
+            except ValueError:
+                cells.append((_EMPTY_CELL, None, False))
+                continue
+            cells.append(self.value(content))
+        defaults = self.value(fn.__defaults__) if fn.__defaults__ else ((), None, False)
+        kwd = sorted((fn.__kwdefaults__ or {}).items())
+        kwdefaults = [(k, self.value(x)) for k, x in kwd]
+        G = fn.__globals__
+        gkeys = []
+        gdyn = False
+        for name in names:
+            k, d = self.global_(G, name)
+            gkeys.append(k)
+            gdyn = gdyn or d
+        if writes_global:
+            self.writers.append(G)
+        self.visiting.discard(id(fn))
+        dyn = (gdyn or defaults[2] or any(p[2] for p in cells)
+               or any(p[2] for _, p in kwdefaults))
+        key = ("F", index, self.ident(code), tuple(p[0] for p in cells), defaults[0],
+               tuple((k, p[0]) for k, p in kwdefaults), tuple(gkeys))
+
+        def rebuild(ctx):
+            done = ctx.funcs.get(id(fn))
+            if done is not None:
+                return done
+            if not dyn:
+                return fn
+            G2 = ctx.globals_for(G)
+            done = ctx.funcs.get(id(fn))  # rebuilt while filling G2 (a global recursion)
+            if done is not None:
+                return done
+            closure = []
+            for c, (_, r, _) in zip(fn.__closure__ or (), cells):
+                closure.append(c if r is None else _types.CellType(ctx.apply(r, c.cell_contents)))
+            new = _types.FunctionType(code, G2, fn.__name__,
+                                      ctx.apply(defaults[1], fn.__defaults__),
+                                      tuple(closure) or None)
+            if kwdefaults:
+                new.__kwdefaults__ = {k: ctx.apply(p[1], fn.__kwdefaults__[k])
+                                      for k, p in kwdefaults}
+            new.__qualname__ = fn.__qualname__
+            new.__dict__.update(fn.__dict__)
+            ctx.funcs[id(fn)] = new
+            return new
+
+        self.funcs[id(fn)] = (key, rebuild, dyn)
+        return key, rebuild, dyn
+
+    def global_(self, G, name):
+        """(key, has arrays) of the global `name` of the globals dict `G`."""
+        entry = self.globals.get(id(G))
+        if entry is None:
+            entry = self.globals[id(G)] = (G, len(self.globals), {})
+        _, gi, slots = entry
+        slot = slots.get(name)
+        if slot is not None:
+            return ("g", gi, name), slot[2]
+        v = G.get(name, _MISSING)
+        if v is _MISSING:
+            slots[name] = [None, None, False]
+            return ("g-absent", gi, name), False
+        slot = slots[name] = [None, None, False]  # before following it: a recursion
+        key, rebuild, dyn = self.value(v, global_=True)
+        slot[:] = [key, rebuild, dyn]
+        if dyn:
+            self.copied.add(id(G))
+        return ("g", gi, name, key), dyn
+
+    def rebuild(self, tracers):
+        """The body with `tracers` in place of its arrays."""
+        return _RebuildContext(self, tracers).apply(self.top, self.fn)
+
+
+class _RebuildContext:
+    def __init__(self, snap, tracers):
+        self.snap = snap
+        self.tracers = tracers
+        self.funcs = {}
+        self.gmap = {}
+
+    def apply(self, r, v):
+        if r is None:
+            return v
+        if type(r) is int:
+            return self.tracers[r]
+        return r(self)
+
+    def globals_for(self, G):
+        if id(G) not in self.snap.copied:
+            return G
+        G2 = self.gmap.get(id(G))
+        if G2 is None:
+            G2 = self.gmap[id(G)] = dict(G)
+            for name, (_, r, dyn) in self.snap.globals[id(G)][2].items():
+                if dyn:
+                    G2[name] = self.apply(r, G[name])
+        return G2
+
+
+def _snapshot(fn):
+    """The snapshot of `fn`, or None where it cannot be taken."""
+    try:
+        return _Snapshot(fn)
+    except (_Uncacheable, RecursionError):
+        return None
+    except Exception:  # noqa: BLE001 - an unexpected value: stage it as written
+        return None
 
 
 def _call(fn, *args):
@@ -137,44 +609,82 @@ def _leaf(x, what):
     )
 
 
-def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
-    """Stage `call(fn, *tree_unflatten(args_tree, inputs))` into a Graph with
-    one input per aval. Returns `(graph, captured, out_tree)`: values of
-    enclosing transforms the function closes over become extra inputs after
-    the `avals` ones (`captured`, see `staging.stage`). Staged programs that
-    capture nothing are cached per `fn` (while it lives), `kind`, argument
-    structure and avals."""
-    key = (kind, args_tree, tuple(avals))
-    try:
-        hit = _STAGED.get(fn, {}).get(key)
-    except TypeError:  # fn not weakly referenceable or not hashable
-        hit = None
-    if hit is not None:
-        return hit[0], [], hit[1]
+def _stage_flat(fn, call, args_tree, avals, what):
+    """Stage `call(fn(extra), *tree_unflatten(args_tree, inputs))`, where
+    `fn(extra)` gives the callable with the inputs after `len(avals)`."""
     out_tree = []
+    n = len(avals)
 
     def flat(*leaves):
-        out = call(fn, *_tree.tree_unflatten(args_tree, list(leaves)))
+        body = fn(leaves[n:])
+        out = call(body, *_tree.tree_unflatten(args_tree, list(leaves[:n])))
         out_leaves, tree = _tree.tree_flatten(out)
         out_tree.append(tree)
         return [_leaf(x, what) for x in out_leaves]
 
+    return flat, out_tree
+
+
+def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
+    """Stage `call(fn, *tree_unflatten(args_tree, inputs))` into a Graph with
+    one input per aval, then one per value of `captured`. Returns `(graph,
+    captured, out_tree)`: `captured` are the arrays the function closes over
+    (NOTE [staged bodies: one graph per code and closure]) and the values of
+    enclosing transforms it reaches otherwise. The same code reading equal
+    values (arrays of the same shapes and dtypes) finds the same graph."""
+    base = (kind, call, args_tree, tuple(avals))
+    snap = _snapshot(fn)
+    if snap is not None:
+        key = base + (snap.key,)
+        hit = _STAGED.get(key)
+        if hit is not _MISSING and hit is not _PLAIN:
+            return hit[0], list(snap.arrays), hit[1]
+        if hit is not _PLAIN:
+            dyn_avals = [_aval_of(a) for a in snap.arrays]
+            flat, out_tree = _stage_flat(snap.rebuild, call, args_tree, avals, what)
+            state = _random.peek_state()
+            try:
+                graph, captured = _stage(flat, list(avals) + dyn_avals, what)
+            except Exception:  # noqa: BLE001 - retried as written below
+                # Python control flow on a closed-over array, NumPy on it,
+                # ...: stage it as written (which raises the user's error
+                # if it is one), and do not try again for this key.
+                _STAGED.put(key, _PLAIN, snap.idents)
+            else:
+                if not captured and _random.peek_state() is state:
+                    _STAGED.put(key, (graph, out_tree[0]), snap.idents)
+                return graph, list(snap.arrays) + captured, out_tree[0]
+    # Staged as written, cached per function object while nothing is captured.
+    try:
+        ident = _Ident(fn)
+    except TypeError:
+        ident = None
+    key = None
+    if ident is not None and ident.ref is not None:
+        key = base + ("plain", ident)
+        hit = _STAGED.get(key)
+        if hit is not _MISSING and hit is not _PLAIN:
+            return hit[0], [], hit[1]
+    flat, out_tree = _stage_flat(lambda _: fn, call, args_tree, avals, what)
     state = _random.peek_state()
     graph, captured = _stage(flat, list(avals), what)
-    if not captured and _random.peek_state() is state:
-        try:
-            _STAGED.setdefault(fn, {})[key] = (graph, out_tree[0])
-        except TypeError:
-            pass
+    if key is not None and not captured and _random.peek_state() is state:
+        _STAGED.put(key, (graph, out_tree[0]), [ident])
     return graph, captured, out_tree[0]
 
 
 def _consts_first(graph, n):
     """`graph` with its inputs after the first `n` (the captured values)
-    moved to the front, where the primitives keep their constants."""
+    moved to the front, where the primitives keep their constants (made
+    once per graph, so that what is derived from it is cached)."""
     if len(graph.inputs) == n:
         return graph
-    return _Graph(graph.inputs[n:] + graph.inputs[:n], graph.eqns, graph.outputs)
+    key = ("consts-first", n)
+    hit = graph.cache.get(key)
+    if hit is None:
+        hit = graph.cache[key] = _Graph(graph.inputs[n:] + graph.inputs[:n], graph.eqns,
+                                        graph.outputs)
+    return hit
 
 
 def _check_callable(fn, what, name):
@@ -232,6 +742,12 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
     branches run and each lane takes its own; reverse mode is supported).
     The branches may close over values of enclosing transforms.
 
+    Each branch is staged once per code, closure and operand shapes (NOTE
+    [staged bodies: one graph per code and closure]): calling this again
+    with a new lambda of the same code, e.g. inside a function that grad
+    or vmap calls repeatedly, stages and compiles nothing new, while the
+    arrays it closes over are read anew on every call.
+
     Args:
       pred: a boolean (or number, compared with 0) scalar.
       true_fun, false_fun: callables of `*operands` returning pytrees of
@@ -269,7 +785,8 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
 def switch(index, branches, *operands, operand=_NO_OPERAND):
     """functx version of `jax.lax.switch`: `branches[index](*operands)`, the
     index clamped to the valid range. Like `cond`, it works under every
-    functx transform.
+    functx transform, and each branch is staged once per code, closure and
+    operand shapes.
 
     Args:
       index: an integer scalar.
@@ -338,9 +855,18 @@ def _cond(what, index, branches, operands):
         if not captured:
             graphs.append(graph)
             continue
-        own = {id(v): var for v, var in zip(cap, graph.inputs[n:])}
-        extra = [own.get(id(v)) or _Var(_aval_of(v)) for v in captured]
-        graphs.append(_Graph(graph.inputs[:n] + extra, graph.eqns, graph.outputs))
+        # The branch's own captured inputs at their positions among all
+        # branches' (made once per layout, so that what is derived from
+        # the branch graph is cached).
+        mine = {id(v): k for k, v in enumerate(cap)}
+        layout = tuple(mine.get(id(v), -1) for v in captured)
+        key = ("cond-layout", n, layout, tuple(_aval_of(v) for v in captured))
+        hit = graph.cache.get(key)
+        if hit is None:
+            own = graph.inputs[n:]
+            extra = [own[k] if k >= 0 else _Var(_aval_of(v)) for k, v in zip(layout, captured)]
+            hit = graph.cache[key] = _Graph(graph.inputs[:n] + extra, graph.eqns, graph.outputs)
+        graphs.append(hit)
     outs = _bind(_control.cond_p, index, *leaves, *captured, branches=tuple(graphs))
     return _tree.tree_unflatten(out_tree, outs)
 
@@ -355,6 +881,14 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
     `y`s. Every functx transform applies, reverse mode included (the values
     of each iteration that the gradient needs are stacked by the forward
     loop). `f` may close over values of enclosing transforms.
+
+    `f` is staged once per code, closure and argument shapes, and the loop
+    (with its derivative and batched forms) compiled once (NOTE [staged
+    bodies: one graph per code and closure]): `functx.grad(loss)` of a loss
+    that calls `scan(lambda h, x: ..., ...)` stages and compiles on its
+    first call only, though the lambda is a new object closing over new
+    values each time. The arrays `f` closes over are read anew on every
+    call; a new Python number in its closure stages it again.
 
     Args:
       f: `(carry, x) -> (carry, y)`; the carry keeps its structure, shapes
@@ -460,7 +994,8 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     """functx version of `jax.lax.fori_loop`: `val = body_fun(i, val)` for i
     in range(lower, upper). With static bounds (Python ints or concrete
     arrays) it is a `scan`, so reverse mode works; with traced bounds it is
-    a `while_loop` (forward mode and vmap only).
+    a `while_loop` (forward mode and vmap only). `body_fun` is staged once
+    per code, closure and value shapes, as for `scan`.
 
     Args:
       lower, upper: integer bounds (upper exclusive).
@@ -512,7 +1047,8 @@ def map(f, xs, *, batch_size=None):
     """functx version of `jax.lax.map`: `f` applied to each slice of `xs`
     along its leading axis, as a `scan` (so every functx transform applies).
     With `batch_size`, slices are processed `batch_size` at a time with
-    `functx.vmap` inside the scan, and the remainder by one more vmap.
+    `functx.vmap` inside the scan, and the remainder by one more vmap. `f`
+    is staged once per code, closure and slice shapes, as for `scan`.
 
     Args:
       f: a function of one slice (a pytree) of `xs`.
@@ -561,7 +1097,9 @@ def while_loop(cond_fun, body_fun, init_val):
     `cond_fun(val)`. Forward mode (jvp, jacfwd, linearize) and vmap apply
     (under vmap with a batched condition the loop runs until every lane is
     done, finished lanes unchanged); reverse mode raises an error that
-    suggests `scan` or `fori_loop` with static bounds.
+    suggests `scan` or `fori_loop` with static bounds. `cond_fun` and
+    `body_fun` are staged once per code, closure and value shapes, and the
+    loop compiled once, as for `scan`.
 
     Args:
       cond_fun: `val -> boolean scalar`.
