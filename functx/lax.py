@@ -1141,3 +1141,12 @@ def _while(what, cond_fn, cond_call, body_fn, body_call, kind, init_val):
                  cond_graph=_consts_first(cond_graph, n), body_graph=_consts_first(body, n),
                  cond_nconsts=len(c_captured), body_nconsts=len(b_captured))
     return _tree.tree_unflatten(tree, outs)
+
+
+def _register_cache():
+    from . import caches
+
+    caches.register("staged control-flow bodies", _STAGED.clear, _staged_cache_info)
+
+
+_register_cache()

@@ -1086,3 +1086,15 @@ jvp_rules[platform_index_p] = lambda primals, tangents, **params: (
     bind(platform_index_p, **params), Zero(Aval((), np.dtype(np.int32))))
 batch_rules[platform_index_p] = lambda size, vals, dims, **params: (
     bind(platform_index_p, **params), None)
+
+
+def _register_caches():
+    from .. import caches  # NOTE [bounded caches]
+
+    caches.register("compiled loops", _PROGRAMS.clear,
+                    lambda: {"entries": len(_PROGRAMS), "limit": PROGRAMS_LIMIT})
+    caches.register("lifted control-flow jaxprs", _LIFTED.clear,
+                    lambda: {"entries": len(_LIFTED), "limit": LIFTED_LIMIT})
+
+
+_register_caches()
