@@ -57,6 +57,8 @@ import subprocess
 import sys
 import time
 
+from _tables import render
+
 WORKLOADS = ("mlp", "cnn", "maml", "scan", "rejit")
 FRAMEWORKS = ("functx", "jax", "torch")
 LABELS = {"functx": "functx eager", "jax": "JAX eager", "torch": "torch.func eager (CPU)"}
@@ -475,26 +477,6 @@ def header(info_lines, opts, markdown):
     ]
     prefix = "- " if markdown else ""
     print("\n".join(prefix + line for line in lines) + "\n", flush=True)
-
-
-def render(title, headers, rows, markdown, notes=()):
-    lines = []
-    if markdown:
-        lines += [f"### {title}", "", "| " + " | ".join(headers) + " |",
-                  "|" + "|".join("---" for _ in headers) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        lines += [""] + list(notes)
-    else:
-        widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
-
-        def line(cells):
-            first = f"{cells[0]:<{widths[0]}}"
-            return "  ".join([first] + [f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:])])
-
-        lines += [title, line(headers), "-" * len(line(headers))]
-        lines += [line(r) for r in rows]
-        lines += [f"  {n}" for n in notes]
-    print("\n".join(lines) + "\n", flush=True)
 
 
 def fmt_ms(s):

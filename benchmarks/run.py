@@ -46,6 +46,7 @@ import numpy as np
 
 import functx as fx
 import functx.numpy as fnp
+from _tables import render
 
 try:
     import torch
@@ -702,27 +703,6 @@ def fmt_mb(b, unchunked=None):
     if unchunked:
         text += f" ({b / unchunked:.2f}x)"
     return text
-
-
-def render(title, headers, rows, markdown, notes=()):
-    """One table, as aligned text or as markdown."""
-    lines = []
-    if markdown:
-        lines += [f"### {title}", "", "| " + " | ".join(headers) + " |",
-                  "|" + "|".join("---" for _ in headers) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        lines += [""] + [f"{n}" for n in notes]
-    else:
-        widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
-
-        def line(cells):
-            first = f"{cells[0]:<{widths[0]}}"
-            return "  ".join([first] + [f"{c:>{w}}" for c, w in zip(cells[1:], widths[1:])])
-
-        lines += [title, line(headers), "-" * len(line(headers))]
-        lines += [line(r) for r in rows]
-        lines += [f"  {n}" for n in notes]
-    print("\n".join(lines) + "\n", flush=True)
 
 
 def cpu_model():

@@ -66,6 +66,7 @@ from ..interpreters.jvp import graph_jvp_pairs
 from ..interpreters.reverse import transpose_graph
 from ..interpreters.staging import Graph, StagingTracer, Var, eval_graph, split_known, stage
 from ..lifting import LIFT_RULES, Macro, graph_of_jaxpr
+from ..lifting import ByIdentity as _ById  # a key part compared by identity
 from .common import (
     add_tangents,
     batch_rules,
@@ -920,22 +921,6 @@ batch_rules[while_p] = _while_batch
 
 LIFTED_LIMIT = 128
 _LIFTED = _LRU(LIFTED_LIMIT)  # jaxpr structure -> (Graph, constants kept for identity)
-
-
-class _ById:
-    """A key part comparing by identity (holding its object while the key
-    lives: parameters such as functions, jaxpr constants)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __hash__(self):
-        return id(self.obj)
-
-    def __eq__(self, other):
-        return type(other) is _ById and other.obj is self.obj
 
 
 def _aval_key(a):
