@@ -22,7 +22,9 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
 * **Compiled off the calling thread.** The N-th sighting of a key hands
   the building of its value (staging the transformed one-primitive graph)
   and its XLA compilation to one background thread (`BACKGROUND`; XLA
-  compiles without holding the GIL, staging takes turns with the caller).
+  compiles without holding the GIL, staging takes turns with the caller;
+  while it has work the interpreter's switch interval is shortened so the
+  caller gets the GIL back quickly: `SWITCH_INTERVAL`).
   Until the program is ready the caller keeps taking the uncached path (the
   per-primitive programs, already compiled), so no call stalls on a
   compilation of repeated structure. Both paths run the same primitives
@@ -33,6 +35,7 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
 
 import collections
 import os
+import sys
 import threading
 import weakref
 
@@ -272,15 +275,44 @@ _executor = None
 _executor_lock = threading.Lock()
 
 
+# While the compile thread has work, the interpreter's switch interval is
+# `SWITCH_INTERVAL` (Python's default is 5 ms): each time the calling thread
+# waits without the GIL (an XLA dispatch, a block_until_ready) the compile
+# thread's Python (staging, tracing) takes it, and the caller would wait up
+# to a whole interval to get it back. The user's interval is restored when
+# the queue empties.
+SWITCH_INTERVAL = 0.0005
+_outstanding = 0
+_saved_interval = None
+
+
 def _submit(compile_fn):
-    global _executor
+    global _executor, _outstanding, _saved_interval
     if _executor is None:
         with _executor_lock:
             if _executor is None:
                 from concurrent.futures import ThreadPoolExecutor
 
                 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="functx-compile")
-    return _executor.submit(compile_fn)
+    with _executor_lock:
+        _outstanding += 1
+        if _saved_interval is None and sys.getswitchinterval() > SWITCH_INTERVAL:
+            _saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL)
+    return _executor.submit(_counted, compile_fn)
+
+
+def _counted(compile_fn):
+    global _outstanding, _saved_interval
+    try:
+        return compile_fn()
+    finally:
+        with _executor_lock:
+            _outstanding -= 1
+            if _outstanding == 0 and _saved_interval is not None:
+                if sys.getswitchinterval() == SWITCH_INTERVAL:  # unless changed since
+                    sys.setswitchinterval(_saved_interval)
+                _saved_interval = None
 
 
 def wait_for_compiles():

@@ -4,6 +4,8 @@ repeated primitive application, and a compiled backward pass per repeated
 tape structure. Results must equal JAX's on every call, before and after
 the caches engage, and the caches must actually engage."""
 
+import sys
+
 import numpy as np
 
 import jax
@@ -106,16 +108,16 @@ class _HeldExecutor:
     def __init__(self):
         self.jobs = []
 
-    def submit(self, fn):
+    def submit(self, fn, *args):
         from concurrent.futures import Future
 
         future = Future()
-        self.jobs.append((fn, future))
+        self.jobs.append((fn, args, future))
         return future
 
     def release(self):
-        for fn, future in self.jobs:
-            future.set_result(fn())
+        for fn, args, future in self.jobs:
+            future.set_result(fn(*args))
         self.jobs.clear()
 
 
@@ -130,6 +132,7 @@ def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch):
     and equal to JAX's."""
     caches.wait_for_compiles()
     earlier = len(reverse._fused.pending) + len(reverse._backward.pending)  # other tests'
+    switch = sys.getswitchinterval()
     held = _HeldExecutor()
     monkeypatch.setattr(caches, "_executor", held)
     w = W * 1.2345  # avals/values no other test uses, so nothing is cached yet
@@ -148,10 +151,12 @@ def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch):
         assert (_bits(grad_fn(w, X)), _bits(vmapped(w, xs))) == first
     pending = len(reverse._fused.pending) + len(reverse._backward.pending)
     assert pending > earlier and held.jobs
+    assert sys.getswitchinterval() == min(switch, caches.SWITCH_INTERVAL)
     held.release()
     for _ in range(2):
         assert (_bits(grad_fn(w, X)), _bits(vmapped(w, xs))) == first
     assert len(reverse._fused.pending) + len(reverse._backward.pending) <= earlier
+    assert sys.getswitchinterval() == switch  # restored once the queue is empty
     want = jax.grad(per_sample(jnp))(w, X)
     np.testing.assert_allclose(np.asarray(grad_fn(w, X)), np.asarray(want), rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(np.asarray(vmapped(w, xs)),
