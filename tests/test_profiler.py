@@ -161,8 +161,11 @@ def test_table_of_a_profile_with_input_shapes():
     grouped = prof.key_averages(group_by_input_shape=True)
     by = {(a.key, str(a.input_shapes)): a.count for a in grouped}
     assert by == {("vmap/sin", "[[2, 3]]"): 2, ("vmap/sin", "[[3]]"): 1}
-    head, rows = _rows(grouped.table(sort_by="count"))
+    head, rows = _rows(grouped.table(sort_by="count", show_compile=False))
     assert head.split()[-2:] == ["Input", "Shapes"]
+    # By default the Compile column appears exactly when a row compiled.
+    compiled = any(a.compile_time > 0 for a in grouped)
+    assert ("Compile" in grouped.table().splitlines()[1]) == compiled
     assert rows[0][0] == "vmap/sin" and rows[0][6] == "2" and " ".join(rows[0][7:]) == "[[2, 3]]"
     assert {a.key: a.count for a in prof.key_averages()} == {"vmap/sin": 3}
     with profiler.profile() as p2:

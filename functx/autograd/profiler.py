@@ -43,7 +43,7 @@ open event of the thread that compiled. When an event closes, its compile
 seconds (its own plus those of the events it encloses) are subtracted from
 its CPU total, and its own from its self CPU time; they are kept as
 `compile_time` (total) and `self_compile_time` on the event and summed on
-`FunctionEventAvg`s. `table(show_compile=True)` shows a "Compile" column,
+`FunctionEventAvg`s. `table()` shows a "Compile" column when there was any,
 and the table's last line gives the compile total whenever it is not zero.
 Compile time with no event open is kept apart on the profile:
 `compile_time_outside_events` (a profiled thread compiling between
@@ -368,14 +368,15 @@ class EventList(list):
 
     def table(self, sort_by=None, row_limit=100, max_name_column_width=55,
               max_shapes_column_width=80, header=None, top_level_events_only=False,
-              show_compile=False):
+              show_compile=None):
         """The events as a text table with torch's columns: Name, Self CPU %,
         Self CPU, CPU total %, CPU total, CPU time avg, # of Calls, and
         Input Shapes when shapes were recorded and grouped by. CPU times
-        exclude JAX compile time; `show_compile=True` adds a "Compile"
-        column (each row's compile time, its children's included) before
-        "# of Calls", and the last line names the compile total whenever it
-        is not zero. `sort_by`: one of "cpu_time" (the average),
+        exclude JAX compile time; a "Compile" column (each row's compile
+        time, its children's included) comes before "# of Calls" when a row
+        has any (`show_compile=None`, the default) or always / never
+        (`show_compile=True` / `False`), and the last line names the compile
+        total whenever it is not zero. `sort_by`: one of "cpu_time" (the average),
         "cpu_time_total", "self_cpu_time_total", "count", "compile_time"
         (descending), or None to keep the order of first occurrence;
         `row_limit` <= 0 shows every row."""
@@ -392,6 +393,8 @@ class EventList(list):
             rows.sort(key=lambda e: getattr(e, sort_by), reverse=True)
         if row_limit is not None and row_limit > 0:
             rows = rows[:row_limit]
+        if show_compile is None:
+            show_compile = any(getattr(e, "compile_time", 0.0) > 0 for e in rows)
         total = self.self_cpu_time_total
         with_shapes = self._show_shapes
 
