@@ -187,7 +187,7 @@ class BatchedStep:
 
 
 # (prim, params, avals, dims, size) -> BatchedStep; NOTE [bounded caches]
-_steps = RepeatCache("batched steps", after=1, limit=4096, byte_limit=256 << 20,
+_steps = RepeatCache("batched steps", after=1, limit=4096, byte_limit=384 << 20,
                      doc="eager vmap: one compiled batched program per primitive")
 
 

@@ -221,7 +221,7 @@ class FusedStep:
 
 
 # (prim, params, avals, differentiated) -> FusedStep; NOTE [bounded caches]
-_fused = RepeatCache("fused steps", after=1, limit=4096, byte_limit=256 << 20,
+_fused = RepeatCache("fused steps", after=1, limit=4096, byte_limit=384 << 20,
                      doc="eager reverse mode: one compiled primal+residuals program per primitive")
 
 
@@ -248,7 +248,7 @@ def _build_fused(prim, params, primals, differentiated):
 
 
 # tape structure -> compiled transpose; NOTE [bounded caches]
-_backward = RepeatCache("backward passes", after=2, limit=1024, byte_limit=256 << 20,
+_backward = RepeatCache("backward passes", after=2, limit=1024, byte_limit=384 << 20,
                         doc="eager reverse mode: one compiled transpose per tape structure")
 
 
