@@ -294,12 +294,29 @@ def _submit(compile_fn):
                 from concurrent.futures import ThreadPoolExecutor
 
                 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="functx-compile")
+                # At exit, drop the compilations still queued (the process
+                # would otherwise wait for all of them): run before the
+                # executor's own exit hook, which joins its thread.
+                register = getattr(threading, "_register_atexit", None)
+                if register is not None:
+                    register(_drop_queued)
     with _executor_lock:
         _outstanding += 1
         if _saved_interval is None and sys.getswitchinterval() > SWITCH_INTERVAL:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL)
-    return _executor.submit(_counted, compile_fn)
+    future = _executor.submit(_counted, compile_fn)
+    _queued.add(future)
+    future.add_done_callback(_queued.discard)
+    return future
+
+
+_queued = set()  # futures not yet done
+
+
+def _drop_queued():
+    for future in list(_queued):
+        future.cancel()  # only those not started; a running compile finishes
 
 
 def _counted(compile_fn):
