@@ -274,6 +274,12 @@ class Primitive:
         if jax_primitive is not None:
             FROM_JAX[jax_primitive] = self
 
+    # NOTE [named axes] (functx/primitives/collectives.py): a collective
+    # (psum, axis_index, ...) must be processed by the vmap that names its
+    # axis even when none of its operands is batched there; such a
+    # primitive sets this and implements `axis_interpreter`.
+    binds_axis_names = False
+
     def bind(self, *args, **params):
         return bind(self, *args, **params)
 
@@ -441,6 +447,8 @@ def bind(prim, /, *args, **params):
                 raise _escaped(a, prim)  # NOTE [escaped tracers]
             if top is None or interp.level > top.level:
                 top = interp
+    if prim.binds_axis_names:  # NOTE [named axes]
+        top = prim.axis_interpreter(top, args, params)
     if top is None:
         try:
             impl = impl_rules[prim]

@@ -1150,3 +1150,21 @@ def _register_cache():
 
 
 _register_cache()
+
+
+# --------------------------------------------------------------------------
+# Collectives over named vmap axes: functx primitives (NOTE [named axes] in
+# functx/primitives/collectives.py), replacing the lifted jax.lax ones
+
+from .primitives.collectives import (  # noqa: E402
+    UnboundAxisNameError,
+    all_gather,
+    axis_index,
+    axis_size,
+    pmax,
+    pmean,
+    pmin,
+    ppermute,
+    psum,
+    psum_scatter,
+)

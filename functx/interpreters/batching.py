@@ -42,6 +42,8 @@ differs from the dense product only where the other operand holds infinities
 or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """
 
+import threading
+
 from .. import core as _core
 from ..core import (
     TRACER_TYPES, Interpreter, Tracer, aval_of, check_usable, missing_rule, new_interpreter,
@@ -56,6 +58,31 @@ batch_rules = {}  # Primitive -> rule
 # Primitive -> rule(axis_size, vals, dims, bases, **params) returning
 # (out, out_dim, basis) or None for "use the batching rule": NOTE [identity bases]
 basis_rules = {}
+# NOTE [named axes]: Primitive -> rule(interp, vals, dims, **params) returning
+# (out, out_dim), for the collectives (functx/primitives/collectives.py),
+# whose batching depends on the interpreter's axis name
+collective_rules = {}
+
+
+class _RuleContext(threading.local):
+    # The axis name of the named vmap whose rule is running (None: none, or
+    # an unnamed one): a BatchInterpreter made by that rule (batch_graph,
+    # the batching of control flow and custom rules) stands for the same
+    # axis, so the collectives in the graphs it batches see the name.
+    axis_name = None
+
+
+_rule_context = _RuleContext()
+_FROM_RULE = object()
+
+
+def named_interpreter(axis_name):
+    """The innermost live BatchInterpreter of this thread named
+    `axis_name`, or None (NOTE [named axes])."""
+    for interp in reversed(_core.interpreter_stack()):
+        if type(interp) is BatchInterpreter and interp.axis_name == axis_name:
+            return interp
+    return None
 
 
 class BatchTracer(Tracer):
@@ -83,11 +110,14 @@ class BatchTracer(Tracer):
 class BatchInterpreter(Interpreter):
     transform = "vmap"
 
-    def __init__(self, axis_size, randomness="error", transform="vmap"):
+    def __init__(self, axis_size, randomness="error", transform="vmap", axis_name=_FROM_RULE):
         super().__init__()
         self.axis_size = axis_size
         self.randomness = randomness
         self.transform = transform
+        # NOTE [named axes]: vmap(axis_name=...); made inside a named vmap's
+        # rule, the interpreter batches for that vmap and takes its name
+        self.axis_name = _rule_context.axis_name if axis_name is _FROM_RULE else axis_name
 
     def box(self, val, bdim):
         # NOTE [escaped tracers]: also a transform's inputs
@@ -101,6 +131,10 @@ class BatchInterpreter(Interpreter):
         return check_usable(x), None  # NOTE [escaped tracers]
 
     def process(self, prim, args, params):
+        if prim.binds_axis_names:  # NOTE [named axes]
+            vals, dims = zip(*(self.unbox(a) for a in args)) if args else ((), ())
+            return self._run_rule(collective_rules[prim], prim, self, list(vals),
+                                  list(dims), params)
         vals = []
         dims = []
         concrete = True
@@ -127,7 +161,7 @@ class BatchInterpreter(Interpreter):
                             for o, d, b in zip(out, out_dim, basis, strict=True)]
                 return BatchTracer(self, out, out_dim, basis)
         if concrete:
-            step = batched_step(prim, params, vals, tuple(dims), self.axis_size)
+            step = batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis_name)
             if step is not None:
                 outs = (step.fn(*vals) if _core.eager_hook is None  # NOTE [profiler hook]
                         else _core.eager_hook(prim, step.fn, vals))
@@ -136,7 +170,19 @@ class BatchInterpreter(Interpreter):
         rule = batch_rules.get(prim)
         if rule is None:
             raise missing_rule(prim, "vmap")
-        out, out_dim = rule(self.axis_size, vals, dims, **params)
+        return self._run_rule(rule, prim, self.axis_size, vals, dims, params)
+
+    def _run_rule(self, rule, prim, first, vals, dims, params):
+        name = self.axis_name
+        ctx = _rule_context
+        if name is None and ctx.axis_name is None:
+            out, out_dim = rule(first, vals, dims, **params)
+        else:  # NOTE [named axes]: graphs this rule batches keep the name
+            saved, ctx.axis_name = ctx.axis_name, name
+            try:
+                out, out_dim = rule(first, vals, dims, **params)
+            finally:
+                ctx.axis_name = saved
         if prim.multiple_results:
             return [self.box(o, d) for o, d in zip(out, out_dim, strict=True)]
         return self.box(out, out_dim)
@@ -152,18 +198,24 @@ class BatchInterpreter(Interpreter):
         )
 
 
-def batch_graph(graph, axis_size, dims, bases=None):
+def batch_graph(graph, axis_size, dims, bases=None, axis_name=_FROM_RULE):
     """The graph of `graph` vmapped over inputs batched at `dims` (None: not
     batched), those with an int in `bases` being identity bases (NOTE
-    [identity bases]). Returns `(batched, out_dims)`. Cached on `graph`."""
+    [identity bases]), the batch axis named `axis_name` (by default: that
+    of the named vmap whose rule is running, NOTE [named axes]). Returns
+    `(batched, out_dims)`. Cached on `graph`."""
+    if axis_name is _FROM_RULE:
+        axis_name = _rule_context.axis_name
     key = ("vmap", axis_size, dims) if bases is None else ("vmap", axis_size, dims, bases)
+    if axis_name is not None:
+        key += (("axis_name", axis_name),)
     cached = graph.cache.get(key)
     if cached is not None:
         return cached
     out_dims = []
 
     def fn(*args):
-        with new_interpreter(BatchInterpreter(axis_size)) as bi:
+        with new_interpreter(BatchInterpreter(axis_size, axis_name=axis_name)) as bi:
             boxed = [bi.box(x, d) for x, d in zip(args, dims, strict=True)]
             for i, b in enumerate(bases or ()):
                 if b is not None:
@@ -191,24 +243,27 @@ _steps = RepeatCache("batched steps", after=1, limit=4096, byte_limit=384 << 20,
                      doc="eager vmap: one compiled batched program per primitive")
 
 
-def batched_step(prim, params, vals, dims, axis_size):
+def batched_step(prim, params, vals, dims, axis_size, axis_name=None):
     """The compiled batched application of `prim`, or None (first sighting,
-    unhashable parameters, or a rule that cannot be staged)."""
+    unhashable parameters, or a rule that cannot be staged). `axis_name`:
+    the vmap's (NOTE [named axes]; a graph's collectives depend on it)."""
     try:
-        key = (prim, tuple(params.items()), tuple(v.aval for v in vals), dims, axis_size)
-        return _steps.get(key, lambda: _build_step(prim, params, vals, dims, axis_size))
+        key = (prim, tuple(params.items()), tuple(v.aval for v in vals), dims, axis_size,
+               axis_name)
+        return _steps.get(key, lambda: _build_step(prim, params, vals, dims, axis_size,
+                                                   axis_name))
     except TypeError:  # unhashable parameters
         return None
 
 
-def _build_step(prim, params, vals, dims, axis_size):
+def _build_step(prim, params, vals, dims, axis_size, axis_name=None):
     in_avals = []
     for v, d in zip(vals, dims):
         a = aval_of(v)
         in_avals.append(a if d is None else a.update(shape=a.shape[:d] + a.shape[d + 1:]))
     try:
         graph = one_equation_graph(prim, params, in_avals)
-        batched, out_dims = batch_graph(graph, axis_size, dims)
+        batched, out_dims = batch_graph(graph, axis_size, dims, axis_name=axis_name)
     except FunctxError:  # no rule, or a rule that needs concrete values
         return None, None
     step = BatchedStep()

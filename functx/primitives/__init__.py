@@ -19,3 +19,4 @@ from . import windows  # noqa: F401
 from . import custom  # noqa: F401
 from . import misc  # noqa: F401
 from . import callback  # noqa: F401
+from . import collectives  # noqa: F401

@@ -152,8 +152,8 @@ def _check_batched(leaves, dims, args, call):
 
 
 def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call,
-               bases=None):
-    interp = BatchInterpreter(size, randomness, "vmap")
+               bases=None, axis_name=None):
+    interp = BatchInterpreter(size, randomness, "vmap", axis_name=axis_name)
     bases = bases or [None] * len(leaves)
     with new_interpreter(interp):
         boxed = [x if d is None else BatchTracer(interp, x, d, b)
@@ -210,14 +210,21 @@ def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error", ch
 
 
 def _vmap_chunked(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call,
-                  chunk_size, starts=None):
+                  chunk_size, starts=None, axis_name=None):
     """vmap of `func` over `leaves`, in chunks when `chunk_size` is smaller
     than the batch: a `lax.map` loop while JAX traces with no functx
     transform around, else a Python loop. `starts`: see map_over_basis."""
     if chunk_size is None or chunk_size >= size:
         outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness,
-                                       out_dims, call, bases=starts)
+                                       out_dims, call, bases=starts, axis_name=axis_name)
         return tree_util.tree_unflatten(out_tree, outs)
+    if axis_name is not None:
+        raise FunctxValueError(
+            f"{call}: chunk_size={chunk_size} with axis_name={axis_name!r}: a collective "
+            "(functx.lax.psum, ...) over a chunked batch would see one chunk only. Drop "
+            "chunk_size (or make it at least the batch size) when the function uses "
+            "collectives, or drop axis_name."
+        )
     if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
         return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_dims,
                                call, starts)
@@ -324,7 +331,26 @@ def _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size, ran
     return tree_util.tree_unflatten(out_tree, outs)
 
 
-def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
+def _check_axis_name(axis_name, call, what="axis_name"):
+    if axis_name is None:
+        return
+    try:
+        hash(axis_name)
+    except TypeError:
+        raise FunctxTypeError(
+            f"{call}: {what} must be hashable (a string such as 'batch'), got "
+            f"{type(axis_name).__name__}."
+        ) from None
+    if isinstance(axis_name, (int, np.integer)) or isinstance(axis_name, tuple):
+        raise FunctxTypeError(
+            f"{call}: {what}={axis_name!r} cannot name a vmap axis: ints are positional "
+            "axes and tuples list several names in collectives. Use a string such as "
+            "'batch'."
+        )
+
+
+def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, axis_name=None,
+         spmd_axis_name=None):
     """Vectorizing map: run `func` on every slice of its inputs along a
     batch dimension, as one batched computation.
 
@@ -342,6 +368,13 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         (independent draws per batch element) or 'same' (one draw shared).
       chunk_size: evaluate the batch in chunks of this size (bounded memory,
         same result).
+      axis_name: a hashable name (e.g. 'batch') for the mapped axis, which the
+        collectives of functx.lax (psum, pmean, pmax, pmin, axis_index,
+        axis_size, all_gather, ...) and JAX's (jax.lax.psum, ... called on
+        functx values, e.g. by Equinox's BatchNorm) reduce over, as in
+        `jax.vmap(..., axis_name=...)`. Not combinable with chunking.
+      spmd_axis_name: not supported yet (device sharding of the batch axis);
+        must be None.
 
     Returns:
       The batched function.
@@ -351,6 +384,13 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
       >>> batched_jacobians = functx.vmap(functx.jacrev(f))(xs)
     """
     _args.check_callable(func, "vmap")
+    _check_axis_name(axis_name, f"vmap({_args.fn_name(func)}, axis_name={axis_name!r})")
+    if spmd_axis_name is not None:
+        raise FunctxValueError(
+            f"vmap({_args.fn_name(func)}, spmd_axis_name={spmd_axis_name!r}): spmd_axis_name "
+            "(sharding the batch axis over a device mesh) is not supported yet. Drop it, "
+            "or use jax.vmap with jax.sharding for SPMD code."
+        )
     check_randomness(randomness, f"vmap({_args.fn_name(func)}, randomness={randomness!r})")
     check_dims(in_dims, f"vmap({_args.fn_name(func)}, in_dims={in_dims!r})", "in_dims")
     check_dims(out_dims, f"vmap({_args.fn_name(func)}, out_dims={out_dims!r})", "out_dims")
@@ -372,6 +412,6 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
         leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
                   for x, d in zip(leaves, dims)]
         return _vmap_chunked(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims,
-                             call, chunk_size)
+                             call, chunk_size, axis_name=axis_name)
 
     return wrapped

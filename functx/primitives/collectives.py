@@ -1,0 +1,674 @@
+"""Collectives over named vmap axes: psum, pmax, pmin, axis_index,
+all_gather, psum_scatter (reduce_scatter), ppermute; pmean and axis_size
+are built from them. Each is the functx twin of the JAX primitive of the
+same name with the same parameters, so `jax.lax.psum(x, 'batch')` on functx
+values (JAX code such as Equinox's BatchNorm) binds it (NOTE [JAX on functx
+values] in functx/interop.py).
+
+NOTE [named axes]
+`functx.vmap(f, axis_name='batch')` gives its BatchInterpreter the name
+`'batch'`. A collective names axes in its parameters, and its result
+depends on the vmap of that name even when its operand is not batched
+there (`psum(1.0, 'batch')` is the batch size): so `core.bind` asks the
+primitive (`axis_interpreter`) which interpreter must process it, which is
+the highest of the interpreters its operands belong to and the innermost
+live BatchInterpreter of each name it uses (`named_interpreter`). Those
+interpreters process it with the rules of `collective_rules` in
+interpreters/batching.py, which are given the interpreter:
+
+* on its own axis the rule reduces over the batch dimension (an operand
+  not batched there counts as the same value in every batch element) and
+  binds the collective again with the remaining names, if any;
+* a collective over another name passes through unchanged, keeping the
+  batch dimension: it acts elementwise along this axis.
+
+Interpreters above (jvp, reverse, staging, an inner vmap of another name)
+see an ordinary primitive: jvp and transpose rules as JAX's (psum's
+transpose is psum of the cotangent: psum is treated as psum followed by a
+broadcast; all_gather and psum_scatter transpose into each other, ppermute
+into the inverse permutation). A rule of a named vmap that batches a
+staged graph (jit, control flow, custom rules) passes the name on to the
+BatchInterpreter it makes, so the collectives inside the graph see it.
+
+An unbound name (no enclosing functx.vmap of that name) raises
+UnboundAxisNameError (a FunctxError and a NameError). With no functx
+value among the operands and some JAX tracer, the collective is left to
+JAX (functx.lax.psum inside `jax.vmap(axis_name=...)`).
+
+A compiled program cannot hold a collective over a functx vmap's axis:
+functx's eager caches (fused steps, compiled backward passes, batched
+steps) that would compile one fail to build and the uncached path runs;
+a functx.jit function called under a named vmap with no batched operand
+that runs a collective raises JAX's unbound axis error rather than giving
+a result fixed to one batch size.
+"""
+
+import numpy as np
+from jax import lax as _jlax
+from jax._src.lax import parallel as _par
+
+from ..core import Aval, Primitive, TRACER_TYPES, Zero, aval_of, bind, interpreter_stack
+from ..core import _JaxTracer
+from ..errors import FunctxError, FunctxValueError
+from ..interpreters.batching import BatchInterpreter, collective_rules, named_interpreter
+from ..interpreters.eval import lower_to_jax
+from .common import (
+    defjvp,
+    defzero_jvp,
+    jvp_rules,
+    moveaxis,
+    scalar_like,
+    shape_rules,
+    transpose_rules,
+)
+from . import elementwise as ew
+from . import reductions as red
+from . import structural as st
+
+
+class UnboundAxisNameError(FunctxError, NameError):
+    """A collective names an axis that no enclosing functx.vmap binds."""
+
+
+def _names(axis_name):
+    """The names of an `axis_name` parameter (a name or a tuple of names),
+    positional (int) axes left out."""
+    names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    return tuple(n for n in names if not isinstance(n, (int, np.integer)))
+
+
+def _describe_stack():
+    parts = []
+    for interp in interpreter_stack():
+        if isinstance(interp, BatchInterpreter) and interp.axis_name is not None:
+            parts.append(f"{interp.transform}(axis_name={interp.axis_name!r})")
+        else:
+            parts.append(interp.transform)
+    return " > ".join(parts) if parts else "none"
+
+
+def unbound_error(api, name):
+    return UnboundAxisNameError(
+        f"functx.lax.{api}: axis name {name!r} is not bound: no enclosing functx.vmap "
+        f"has axis_name={name!r} (enclosing transforms, outermost first: "
+        f"{_describe_stack()}). Pass axis_name={name!r} to the functx.vmap whose batch "
+        f"axis this collective reduces over, e.g. functx.vmap(f, axis_name={name!r})."
+    )
+
+
+class CollectivePrimitive(Primitive):
+    """A primitive naming vmap axes in its parameter `axis_param`
+    (NOTE [named axes])."""
+
+    __slots__ = ("axis_param", "api")
+    binds_axis_names = True
+
+    def __init__(self, name, jax_primitive, axis_param, api):
+        super().__init__(name, jax_primitive)
+        self.axis_param = axis_param
+        self.api = api
+
+    def axis_interpreter(self, top, args, params):
+        for name in _names(params[self.axis_param]):
+            interp = named_interpreter(name)
+            if interp is None:
+                if top is None and any(isinstance(a, _JaxTracer) for a in args):
+                    continue  # a JAX trace's axis (jax.vmap): JAX decides
+                raise unbound_error(self.api, name)
+            if top is None or interp.level > top.level:
+                top = interp
+        return top
+
+
+def _collective(name, jax_prim, axis_param, api):
+    p = CollectivePrimitive(name, jax_prim, axis_param, api)
+    lower_to_jax(p)
+    return p
+
+
+def _check_groups(api, axis_index_groups):
+    if axis_index_groups is not None:
+        raise FunctxValueError(
+            f"functx.lax.{api}: axis_index_groups is not supported under functx.vmap "
+            "(nor under jax.vmap). Drop it, or reduce over a reshaped axis with two "
+            "named vmaps."
+        )
+
+
+def _rest(names, mine):
+    return tuple(n for n in names if n != mine)
+
+
+# --------------------------------------------------------------------------
+# psum, pmax, pmin: params `axes` (names) and `axis_index_groups`, as JAX's
+
+psum_p = _collective("psum", _par.psum_p, "axes", "psum")
+pmax_p = _collective("pmax", _par.pmax_p, "axes", "pmax")
+pmin_p = _collective("pmin", _par.pmin_p, "axes", "pmin")
+
+
+def _allreduce_shape(x, *, axes, axis_index_groups):
+    pos = tuple(a for a in axes if isinstance(a, (int, np.integer)))
+    if pos:
+        return Aval(tuple(d for i, d in enumerate(x.shape) if i not in pos), x.dtype,
+                    x.weak_type)
+    return x
+
+
+for _p in (psum_p, pmax_p, pmin_p):
+    shape_rules[_p] = _allreduce_shape
+
+
+def _positional(prim, x, d, axes, axis_index_groups):
+    """Reduce the positional (int) axes of `axes` first; returns the value,
+    its batch dim and the named axes left."""
+    pos = tuple(a for a in axes if isinstance(a, (int, np.integer)))
+    if not pos:
+        return x, d, axes
+    nd = aval_of(x).ndim - (d is not None)
+    pos = tuple(a % nd for a in pos)
+    phys = pos if d is None else tuple(a if a < d else a + 1 for a in pos)
+    reducer = {psum_p: red.reduce_sum, pmax_p: red.reduce_max, pmin_p: _reduce_min}[prim]
+    x = reducer(x, phys)
+    if d is not None:
+        d -= sum(1 for a in pos if a < d)
+    return x, d, tuple(a for a in axes if not isinstance(a, (int, np.integer)))
+
+
+def _reduce_min(x, axes):
+    return bind(red.reduce_min_p, x, axes=tuple(axes))
+
+
+def _allreduce_rule(prim):
+    def rule(interp, vals, dims, *, axes, axis_index_groups):
+        (x,), (d,) = vals, dims
+        name = interp.axis_name
+        x, d, axes = _positional(prim, x, d, axes, axis_index_groups)
+        if name not in axes:  # another vmap's axis: elementwise along this one
+            out = bind(prim, x, axes=axes, axis_index_groups=axis_index_groups) if axes else x
+            return out, d
+        _check_groups(prim.name, axis_index_groups)
+        if d is None:  # the same value in every batch element
+            out = ew.mul(x, scalar_like(x, interp.axis_size)) if prim is psum_p else x
+        elif prim is psum_p:
+            out = red.reduce_sum(x, (d,))
+        elif prim is pmax_p:
+            out = red.reduce_max(x, (d,))
+        else:
+            out = _reduce_min(x, (d,))
+        rest = _rest(axes, name)
+        if rest:
+            out = bind(prim, out, axes=rest, axis_index_groups=None)
+        return out, None
+
+    collective_rules[prim] = rule
+
+
+for _p in (psum_p, pmax_p, pmin_p):
+    _allreduce_rule(_p)
+
+defjvp(psum_p, lambda t, x, **p: bind(psum_p, t, **p))
+
+
+def _psum_transpose(ct, x, *, axes, axis_index_groups):
+    if type(ct) is Zero:
+        return [Zero(x.aval)]
+    pos = tuple(a for a in axes if isinstance(a, (int, np.integer)))
+    named = tuple(a for a in axes if not isinstance(a, (int, np.integer)))
+    if pos:
+        shape = x.aval.shape
+        pos = tuple(a % len(shape) for a in pos)
+        ct = st.broadcast_in_dim(ct, shape, tuple(i for i in range(len(shape)) if i not in pos))
+    # psum is psum followed by a broadcast: its transpose sums again (JAX's)
+    return [bind(psum_p, ct, axes=named, axis_index_groups=axis_index_groups) if named else ct]
+
+
+transpose_rules[psum_p] = _psum_transpose
+
+
+def _pextremum_jvp(prim):
+    """The tangent of pmax / pmin: the mean of the tangents of the batch
+    elements that attain the extremum (as reduce_max's; JAX has no rule)."""
+
+    def rule(primals, tangents, *, axes, axis_index_groups):
+        (x,), (t,) = primals, tangents
+        out = bind(prim, x, axes=axes, axis_index_groups=axis_index_groups)
+        if type(t) is Zero:
+            return out, Zero.of(out)
+        if any(isinstance(a, (int, np.integer)) for a in axes):
+            raise FunctxValueError(
+                f"functx.lax.{prim.name}: the derivative over positional axes is not "
+                "supported; reduce them with functx.numpy.max / min first.")
+        dtype = aval_of(x).dtype
+        mask = ew.convert_element_type(ew.eq(x, out), dtype)
+        kw = dict(axes=axes, axis_index_groups=axis_index_groups)
+        return out, ew.div(bind(psum_p, ew.mul(t, mask), **kw), bind(psum_p, mask, **kw))
+
+    jvp_rules[prim] = rule
+
+
+_pextremum_jvp(pmax_p)
+_pextremum_jvp(pmin_p)
+
+# --------------------------------------------------------------------------
+# axis_index: no operand; param `axis_name` (one name here)
+
+axis_index_p = _collective("axis_index", _par.axis_index_p, "axis_name", "axis_index")
+shape_rules[axis_index_p] = lambda *, axis_name: Aval((), np.dtype(np.int32), False)
+defzero_jvp(axis_index_p)
+
+
+def _axis_index_rule(interp, vals, dims, *, axis_name):
+    names = _names(axis_name)
+    if interp.axis_name not in names:
+        return bind(axis_index_p, axis_name=axis_name), None
+    if len(names) > 1:  # row-major index over several axes
+        return _multi_axis_index(names), None
+    return st.iota(np.dtype(np.int32), interp.axis_size), 0
+
+
+def _multi_axis_index(names):
+    index = None
+    for n in names:
+        i = bind(axis_index_p, axis_name=n)
+        if index is None:
+            index = i
+        else:
+            size = axis_size(n)
+            index = ew.add(ew.mul(index, scalar_like(index, size)), i)
+    return index
+
+
+collective_rules[axis_index_p] = _axis_index_rule
+
+# --------------------------------------------------------------------------
+# all_gather and psum_scatter (reduce_scatter): params as JAX's
+
+
+all_gather_p = _collective("all_gather", _par.all_gather_p, "axis_name", "all_gather")
+reduce_scatter_p = _collective("reduce_scatter", _par.reduce_scatter_p, "axis_name",
+                               "psum_scatter")
+
+
+def _all_gather_shape(x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size,
+                      tiled):
+    shape = list(x.shape)
+    if tiled:
+        shape[all_gather_dimension] *= axis_size
+    else:
+        shape.insert(all_gather_dimension, axis_size)
+    return Aval(tuple(shape), x.dtype, x.weak_type)
+
+
+def _reduce_scatter_shape(x, *, scatter_dimension, axis_name, axis_index_groups, axis_size,
+                          tiled):
+    shape = list(x.shape)
+    if tiled:
+        if shape[scatter_dimension] % axis_size:
+            raise FunctxValueError(
+                f"functx.lax.psum_scatter: dimension {scatter_dimension} of size "
+                f"{shape[scatter_dimension]} does not split into {axis_size} equal tiles. "
+                "Pad it to a multiple of the axis size.")
+        shape[scatter_dimension] //= axis_size
+    else:
+        if shape[scatter_dimension] != axis_size:
+            raise FunctxValueError(
+                f"functx.lax.psum_scatter: dimension {scatter_dimension} has size "
+                f"{shape[scatter_dimension]}, not the axis size {axis_size}. Use tiled=True "
+                "to split a multiple of the axis size.")
+        del shape[scatter_dimension]
+    return Aval(tuple(shape), x.dtype, x.weak_type)
+
+
+shape_rules[all_gather_p] = _all_gather_shape
+shape_rules[reduce_scatter_p] = _reduce_scatter_shape
+
+
+def _single_name(api, names, mine):
+    if len(names) > 1:
+        raise FunctxValueError(
+            f"functx.lax.{api} over several axes {names!r} is not supported under "
+            "functx.vmap (nor under jax.vmap). Name one axis.")
+
+
+def _all_gather_rule(interp, vals, dims, *, all_gather_dimension, axis_name,
+                     axis_index_groups, axis_size, tiled):
+    (x,), (d,) = vals, dims
+    names = _names(axis_name)
+    params = dict(axis_name=axis_name, axis_index_groups=axis_index_groups,
+                  axis_size=axis_size, tiled=tiled)
+    if interp.axis_name not in names:  # another axis: keep this batch dim
+        if d is None:
+            return bind(all_gather_p, x, all_gather_dimension=all_gather_dimension,
+                        **params), None
+        dim = all_gather_dimension
+        if d <= dim:
+            dim += 1
+        elif not tiled:
+            d += 1
+        return bind(all_gather_p, x, all_gather_dimension=dim, **params), d
+    _check_groups("all_gather", axis_index_groups)
+    _single_name("all_gather", names, interp.axis_name)
+    n = interp.axis_size
+    if d is None:
+        shape = list(aval_of(x).shape)
+        shape.insert(all_gather_dimension, n)
+        kept = tuple(i for i in range(len(shape)) if i != all_gather_dimension)
+        y = st.broadcast_in_dim(x, tuple(shape), kept)
+    else:
+        y = moveaxis(x, d, all_gather_dimension)
+    if tiled:  # merge the gathered axis into the next one
+        shape = list(aval_of(y).shape)
+        k = all_gather_dimension
+        shape[k:k + 2] = [shape[k] * shape[k + 1]]
+        y = st.reshape(y, tuple(shape))
+    return y, None
+
+
+def _reduce_scatter_rule(interp, vals, dims, *, scatter_dimension, axis_name,
+                         axis_index_groups, axis_size, tiled):
+    (x,), (d,) = vals, dims
+    names = _names(axis_name)
+    params = dict(axis_name=axis_name, axis_index_groups=axis_index_groups,
+                  axis_size=axis_size, tiled=tiled)
+    if interp.axis_name not in names:
+        if d is None:
+            return bind(reduce_scatter_p, x, scatter_dimension=scatter_dimension,
+                        **params), None
+        dim = scatter_dimension
+        if d <= dim:
+            dim += 1
+        elif not tiled:
+            d += 1
+        return bind(reduce_scatter_p, x, scatter_dimension=dim, **params), d
+    _check_groups("psum_scatter", axis_index_groups)
+    _single_name("psum_scatter", names, interp.axis_name)
+    n = interp.axis_size
+    if d is None:
+        y = ew.mul(x, scalar_like(x, n))
+    else:
+        y = red.reduce_sum(x, (d,))
+    k = scatter_dimension
+    if tiled:  # split the scattered axis into (batch, tile)
+        shape = list(aval_of(y).shape)
+        shape[k:k + 1] = [n, shape[k] // n]
+        y = st.reshape(y, tuple(shape))
+    return y, k
+
+
+collective_rules[all_gather_p] = _all_gather_rule
+collective_rules[reduce_scatter_p] = _reduce_scatter_rule
+defjvp(all_gather_p, lambda t, x, **p: bind(all_gather_p, t, **p))
+defjvp(reduce_scatter_p, lambda t, x, **p: bind(reduce_scatter_p, t, **p))
+
+
+def _all_gather_transpose(ct, x, *, all_gather_dimension, axis_name, axis_index_groups,
+                          axis_size, tiled):
+    if type(ct) is Zero:
+        return [Zero(x.aval)]
+    return [bind(reduce_scatter_p, ct, scatter_dimension=all_gather_dimension,
+                 axis_name=axis_name, axis_index_groups=axis_index_groups,
+                 axis_size=axis_size, tiled=tiled)]
+
+
+def _reduce_scatter_transpose(ct, x, *, scatter_dimension, axis_name, axis_index_groups,
+                              axis_size, tiled):
+    if type(ct) is Zero:
+        return [Zero(x.aval)]
+    return [bind(all_gather_p, ct, all_gather_dimension=scatter_dimension,
+                 axis_name=axis_name, axis_index_groups=axis_index_groups,
+                 axis_size=axis_size, tiled=tiled)]
+
+
+transpose_rules[all_gather_p] = _all_gather_transpose
+transpose_rules[reduce_scatter_p] = _reduce_scatter_transpose
+
+# --------------------------------------------------------------------------
+# ppermute: params `axis_name`, `perm` (pairs (source, destination))
+
+ppermute_p = _collective("ppermute", _par.ppermute_p, "axis_name", "ppermute")
+shape_rules[ppermute_p] = lambda x, *, axis_name, perm: x
+
+
+def _ppermute_rule(interp, vals, dims, *, axis_name, perm):
+    (x,), (d,) = vals, dims
+    names = _names(axis_name)
+    if interp.axis_name not in names:
+        return bind(ppermute_p, x, axis_name=axis_name, perm=perm), d
+    _single_name("ppermute", names, interp.axis_name)
+    n = interp.axis_size
+    source = {dst: src for src, dst in perm}
+    if d is None:
+        shape = aval_of(x).shape
+        x = st.broadcast_in_dim(x, (n,) + tuple(shape), tuple(range(1, len(shape) + 1)))
+        d = 0
+    shape = list(aval_of(x).shape)
+    pieces = []
+    for dst in range(n):
+        if dst in source:
+            lo = [0] * len(shape)
+            hi = list(shape)
+            lo[d], hi[d] = source[dst], source[dst] + 1
+            pieces.append(st.slice(x, lo, hi))
+        else:  # no source sends here: zeros, as JAX
+            zshape = list(shape)
+            zshape[d] = 1
+            pieces.append(st.full(tuple(zshape), 0, aval_of(x).dtype, aval_of(x).weak_type))
+    return st.concatenate(pieces, d), d
+
+
+collective_rules[ppermute_p] = _ppermute_rule
+defjvp(ppermute_p, lambda t, x, **p: bind(ppermute_p, t, **p))
+
+
+def _ppermute_transpose(ct, x, *, axis_name, perm):
+    if type(ct) is Zero:
+        return [Zero(x.aval)]
+    inverse = tuple((dst, src) for src, dst in perm)
+    return [bind(ppermute_p, ct, axis_name=axis_name, perm=inverse)]
+
+
+transpose_rules[ppermute_p] = _ppermute_transpose
+
+# --------------------------------------------------------------------------
+# The functions of functx.lax
+
+
+def _axis_tuple(axis_name):
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def _tree_map(fn, x):
+    import jax
+
+    return jax.tree_util.tree_map(fn, x)
+
+
+def psum(x, axis_name, *, axis_index_groups=None):
+    """Sum `x` (a pytree of arrays) over the batch axis of the
+    `functx.vmap(..., axis_name=axis_name)` it runs under, as
+    `jax.lax.psum`: every batch element gets the sum. `axis_name` may be a
+    tuple of names (nested named vmaps) and may hold ints (positional axes
+    of `x`, summed too). A value that is not batched counts once per batch
+    element (`psum(1, 'i')` is the batch size). Booleans are summed as
+    int32. Differentiable (its transpose is psum, as JAX's)."""
+    axes = _axis_tuple(axis_name)
+    if not axes:
+        return x
+
+    def one(leaf):
+        if aval_of(leaf).dtype == np.dtype(bool):
+            leaf = ew.convert_element_type(leaf, np.dtype(np.int32))
+        return bind(psum_p, leaf, axes=axes, axis_index_groups=axis_index_groups)
+
+    return _tree_map(one, x)
+
+
+def pmax(x, axis_name, *, axis_index_groups=None):
+    """The maximum of `x` over the named vmap axis (`jax.lax.pmax`), for
+    every batch element. Its derivative averages the tangents of the batch
+    elements that attain the maximum (JAX has none)."""
+    axes = _axis_tuple(axis_name)
+    return _tree_map(lambda leaf: bind(pmax_p, leaf, axes=axes,
+                                       axis_index_groups=axis_index_groups), x)
+
+
+def pmin(x, axis_name, *, axis_index_groups=None):
+    """The minimum of `x` over the named vmap axis (`jax.lax.pmin`); see
+    pmax."""
+    axes = _axis_tuple(axis_name)
+    return _tree_map(lambda leaf: bind(pmin_p, leaf, axes=axes,
+                                       axis_index_groups=axis_index_groups), x)
+
+
+def axis_size(axis_name):
+    """The size (a Python int) of the named vmap axis, or the product of the
+    sizes of a tuple of names (`jax.lax.axis_size`)."""
+    size = 1
+    for name in _axis_tuple(axis_name):
+        interp = named_interpreter(name)
+        if interp is None:
+            raise unbound_error("axis_size", name)
+        size *= interp.axis_size
+    return size
+
+
+def pmean(x, axis_name, *, axis_index_groups=None):
+    """The mean of `x` over the named vmap axis (`jax.lax.pmean`): psum
+    divided by the axis size."""
+    _check_groups("pmean", axis_index_groups)
+    names = _axis_tuple(axis_name)
+    n = axis_size(tuple(a for a in names if not isinstance(a, (int, np.integer))))
+
+    def one(leaf):
+        s = psum(leaf, axis_name)
+        a = aval_of(s)
+        count = n
+        for p in names:
+            if isinstance(p, (int, np.integer)):
+                count *= aval_of(leaf).shape[p]
+        if not (np.issubdtype(a.dtype, np.inexact) or a.dtype.name == "bfloat16"):
+            s = ew.convert_element_type(s, np.dtype(np.float64) if _x64() else np.dtype(np.float32))
+        return ew.div(s, scalar_like(s, count))
+
+    return _tree_map(one, x)
+
+
+def _x64():
+    import jax
+
+    return jax.config.jax_enable_x64
+
+
+def axis_index(axis_name):
+    """The index (int32) of each batch element along the named vmap axis
+    (`jax.lax.axis_index`); for a tuple of names, the row-major index over
+    those axes."""
+    names = _axis_tuple(axis_name)
+    if len(names) == 1:
+        return bind(axis_index_p, axis_name=names[0])
+    return _multi_axis_index(names)
+
+
+def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False):
+    """Gather `x` from every batch element of the named vmap axis
+    (`jax.lax.all_gather`): a new axis of the batch size at `axis` (or,
+    `tiled=True`, concatenated along `axis`), the same in every element.
+    Its transpose is psum_scatter."""
+    names = _axis_tuple(axis_name)
+    n = axis_size(names)
+
+    def one(leaf):
+        nd = aval_of(leaf).ndim
+        dim = axis % (nd if tiled else nd + 1)
+        return bind(all_gather_p, leaf, all_gather_dimension=dim, axis_name=names,
+                    axis_index_groups=axis_index_groups, axis_size=n, tiled=tiled)
+
+    return _tree_map(one, x)
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False):
+    """psum over the named vmap axis, of which batch element i keeps slice i
+    along `scatter_dimension` (that dimension has the batch size; with
+    `tiled=True` a multiple of it, split in equal tiles), as
+    `jax.lax.psum_scatter`. Its transpose is all_gather."""
+    names = _axis_tuple(axis_name)
+    n = axis_size(names)
+
+    def one(leaf):
+        dim = scatter_dimension % aval_of(leaf).ndim
+        return bind(reduce_scatter_p, leaf, scatter_dimension=dim, axis_name=names,
+                    axis_index_groups=axis_index_groups, axis_size=n, tiled=tiled)
+
+    return _tree_map(one, x)
+
+
+def ppermute(x, axis_name, perm):
+    """Send `x` from batch element `src` to `dst` for each pair of `perm`
+    along the named vmap axis (`jax.lax.ppermute`); elements no pair sends
+    to get zeros. Its transpose is the inverse permutation."""
+    names = _axis_tuple(axis_name)
+    perm = tuple((int(s), int(d)) for s, d in perm)
+    return _tree_map(lambda leaf: bind(ppermute_p, leaf, axis_name=names, perm=perm), x)
+
+
+__all__ = ["psum", "pmean", "pmax", "pmin", "axis_index", "axis_size", "all_gather",
+           "psum_scatter", "ppermute", "UnboundAxisNameError"]
+
+
+# --------------------------------------------------------------------------
+# NOTE [JAX collectives on functx values]
+# JAX's psum (and pmean, axis_size, built on it) treats any operand that is
+# not a JAX tracer as a constant and multiplies it by the size of the named
+# axis in JAX's own axis environment, before binding any primitive; and
+# axis_index has no operand for the bind hook of functx/interop.py to see.
+# So `jax.lax.psum(x, 'batch')` on a functx value (Equinox's BatchNorm,
+# user code) would never reach functx. The public collectives of `jax.lax`
+# are wrapped: with a functx value among the operands, or (for axis_index
+# and axis_size) a name bound by a functx.vmap and not by JAX, the call is
+# functx's; otherwise JAX's own function runs unchanged.
+
+
+def _has_functx_value(tree):
+    import jax
+
+    return any(type(leaf) in TRACER_TYPES for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _functx_names(axis_name):
+    from jax._src import core as jcore
+
+    names = _names(axis_name)
+    if not names:
+        return False
+    env = jcore.get_axis_env()
+    return all(named_interpreter(n) is not None and not env.axis_exists(n) for n in names)
+
+
+def _wrap_jax(name, ours, by_value=True):
+    import functools
+
+    import jax
+
+    original = getattr(jax.lax, name, None)
+    if original is None or getattr(original, "_functx_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if (by_value and args and _has_functx_value(args[0])) or (
+                not by_value and args and _functx_names(args[0])):
+            return ours(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    wrapper._functx_wrapped = True
+    wrapper._functx_original = original
+    setattr(jax.lax, name, wrapper)
+
+
+for _name, _fn in (("psum", psum), ("pmean", pmean), ("pmax", pmax), ("pmin", pmin),
+                   ("all_gather", all_gather), ("psum_scatter", psum_scatter),
+                   ("ppermute", ppermute)):
+    _wrap_jax(_name, _fn)
+_wrap_jax("axis_index", axis_index, by_value=False)
+_wrap_jax("axis_size", axis_size, by_value=False)

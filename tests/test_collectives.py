@@ -1,0 +1,290 @@
+"""Named vmap axes and the collectives of functx.lax (NOTE [named axes] in
+functx/primitives/collectives.py), against jax.vmap(axis_name=...) with
+jax.lax's collectives on the same programs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import functx
+import functx.lax as fl
+import functx.numpy as fnp
+from functx.errors import FunctxError
+
+X = jnp.array([0.5, -1.25, 2.0, 0.75])
+M = jnp.array([[0.3, -0.2, 1.1], [0.7, 0.4, -0.9], [-0.5, 1.3, 0.2], [0.9, -1.4, 0.6]])
+
+
+def close(a, b):
+    jax.tree_util.tree_map(
+        lambda u, v: np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-12,
+                                                atol=1e-12), a, b)
+
+
+# The same program written against functx.lax (L=fl) and jax.lax (L=jax.lax)
+def normalise(L, np_):
+    def f(x):
+        return np_.sin(x) * x / L.psum(x * x, "i") + L.pmean(np_.cos(x), "i")
+    return f
+
+
+def reductions(L, np_):
+    def f(x):
+        return (L.pmax(x, "i") - L.pmin(x * x, "i")) * x + L.psum(2.0, "i")
+    return f
+
+
+def indexed(L, np_):
+    def f(x):
+        i = L.axis_index("i")
+        return x * i + L.psum(x * i, "i")
+    return f
+
+
+def gathered(L, np_):
+    def f(x):
+        g = L.all_gather(np_.sin(x), "i")
+        return np_.sum(g * g) * x
+    return f
+
+
+def scattered(L, np_):
+    def f(x):  # x: a row of 4 per batch element
+        return L.psum_scatter(np_.sin(x) * x, "i") * 2.0
+    return f
+
+
+def permuted(L, np_):
+    def f(x):
+        return L.ppermute(np_.sin(x), "i", [(0, 1), (1, 2), (2, 3), (3, 0)]) * x
+    return f
+
+
+def shifted(L, np_):
+    def f(x):  # element 3 receives nothing: zeros
+        return L.ppermute(x * x, "i", [(0, 1), (1, 2), (3, 0)]) + x
+    return f
+
+
+def scalar_programs():
+    return [normalise, reductions, indexed, gathered, permuted]
+
+
+@pytest.mark.parametrize("prog", scalar_programs(), ids=lambda p: p.__name__)
+def test_vmap_matches_jax(prog):
+    close(functx.vmap(prog(fl, fnp), axis_name="i")(X),
+          jax.vmap(prog(jax.lax, jnp), axis_name="i")(X))
+
+
+def test_partial_permutation_sends_zeros():
+    # jax.vmap refuses a partial permutation; on devices the missing
+    # destinations get zeros, and so they do here
+    out = functx.vmap(shifted(fl, fnp), axis_name="i")(X)
+    expected = np.asarray(X).copy()
+    for src, dst in [(0, 1), (1, 2), (3, 0)]:
+        expected[dst] += float(X[src]) ** 2
+    close(out, expected)
+    g = functx.vmap(functx.grad(lambda x: shifted(fl, fnp)(x) * x), axis_name="i")(X)
+    assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_psum_scatter_and_tiled_all_gather_match_jax():
+    close(functx.vmap(scattered(fl, fnp), axis_name="i")(jnp.tile(M[:, :1], (1, 4))),
+          jax.vmap(scattered(jax.lax, jnp), axis_name="i")(jnp.tile(M[:, :1], (1, 4))))
+    rows = jnp.arange(32.0).reshape(4, 8) / 7.0
+
+    def tiled(L):
+        return lambda r: L.psum_scatter(r * r, "i", tiled=True)
+
+    close(functx.vmap(tiled(fl), axis_name="i")(rows), jax.vmap(tiled(jax.lax), axis_name="i")(rows))
+
+    def gather_tiled(L):
+        return lambda r: L.all_gather(r, "i", axis=0, tiled=True)
+
+    close(functx.vmap(gather_tiled(fl), axis_name="i")(M),
+          jax.vmap(gather_tiled(jax.lax), axis_name="i")(M))
+
+    def gather_axis1(L):
+        return lambda r: L.all_gather(r, "i", axis=1)
+
+    close(functx.vmap(gather_axis1(fl), axis_name="i")(M),
+          jax.vmap(gather_axis1(jax.lax), axis_name="i")(M))
+
+
+def test_in_dims_and_out_dims_with_axis_name():
+    def f(L):
+        return lambda x, y: L.psum(x * y, "b")
+
+    close(functx.vmap(f(fl), in_dims=(1, None), out_dims=0, axis_name="b")(M, 2.0),
+          jax.vmap(f(jax.lax), in_axes=(1, None), out_axes=0, axis_name="b")(M, 2.0))
+
+
+def test_axis_size():
+    out = functx.vmap(lambda x: x * fl.axis_size("i"), axis_name="i")(X)
+    close(out, X * 4)
+
+
+@pytest.mark.parametrize("prog", [normalise, reductions, indexed, gathered, permuted],
+                         ids=lambda p: p.__name__)
+def test_vmap_of_grad(prog):
+    def loss(L, np_):
+        f = prog(L, np_)
+        return lambda x: np_.sum(np_.tanh(f(x)) * x)
+
+    if prog in (reductions,):  # JAX has no derivative for pmax / pmin
+        pytest.skip("pmax/pmin: no JAX derivative to compare with")
+    close(functx.vmap(functx.grad(loss(fl, fnp)), axis_name="i")(X),
+          jax.vmap(jax.grad(loss(jax.lax, jnp)), axis_name="i")(X))
+
+
+@pytest.mark.parametrize("prog", scalar_programs(), ids=lambda p: p.__name__)
+def test_grad_of_vmap(prog):
+    def total(L, np_, vmap, grad):
+        f = vmap(prog(L, np_), axis_name="i")
+        return grad(lambda xs: np_.sum(np_.sin(f(xs)) * xs))
+
+    if prog is reductions:  # JAX has no derivative of pmax / pmin: the same on the batch
+        def batch(xs):
+            return (jnp.max(xs) - jnp.min(xs * xs)) * xs + 4 * 2.0
+        expected = jax.grad(lambda xs: jnp.sum(jnp.sin(batch(xs)) * xs))(X)
+    else:
+        expected = total(jax.lax, jnp, jax.vmap, jax.grad)(X)
+    close(total(fl, fnp, functx.vmap, functx.grad)(X), expected)
+
+
+def test_jacrev_and_jacfwd_of_vmap():
+    def fn(L, np_, vmap):
+        return lambda xs: vmap(normalise(L, np_), axis_name="i")(xs)
+
+    close(functx.jacrev(fn(fl, fnp, functx.vmap))(X), jax.jacrev(fn(jax.lax, jnp, jax.vmap))(X))
+    close(functx.jacfwd(fn(fl, fnp, functx.vmap))(X), jax.jacfwd(fn(jax.lax, jnp, jax.vmap))(X))
+
+
+def test_vmap_of_jacrev():
+    def fn(L, np_):
+        return lambda x: np_.sin(x) * L.psum(x * x, "i")
+
+    f = lambda x: fn(fl, fnp)(x).reshape(())  # noqa: E731
+    close(functx.vmap(functx.jacrev(f), axis_name="i")(X),
+          jax.vmap(jax.jacrev(fn(jax.lax, jnp)), axis_name="i")(X))
+
+
+def test_jvp_through_and_inside_vmap():
+    t = jnp.array([0.1, 0.2, -0.3, 0.4])
+    f_fx = functx.vmap(normalise(fl, fnp), axis_name="i")
+    f_jax = jax.vmap(normalise(jax.lax, jnp), axis_name="i")
+    close(functx.jvp(f_fx, (X,), (t,)), jax.jvp(f_jax, (X,), (t,)))
+
+    def inner(L, np_, jvp):
+        f = normalise(L, np_)
+        return lambda x, tx: jvp(f, (x,), (tx,))[1]
+
+    close(functx.vmap(inner(fl, fnp, functx.jvp), axis_name="i")(X, t),
+          jax.vmap(inner(jax.lax, jnp, jax.jvp), axis_name="i")(X, t))
+
+
+def test_psum_transpose_is_psum_as_in_jax():
+    # vmap(grad(psum)): the cotangent 1 of each element is summed again
+    close(functx.vmap(functx.grad(lambda x: fl.psum(x, "i")), axis_name="i")(X),
+          jax.vmap(jax.grad(lambda x: jax.lax.psum(x, "i")), axis_name="i")(X))
+    # repeated, so eager caches (fused steps, compiled backward) come into play
+    for _ in range(4):
+        close(functx.vmap(functx.grad(lambda x: fl.psum(x * x, "i")), axis_name="i")(X),
+              jax.vmap(jax.grad(lambda x: jax.lax.psum(x * x, "i")), axis_name="i")(X))
+
+
+def test_nested_named_vmaps():
+    def f(L):
+        def g(x):
+            return (x * L.psum(x, "inner") + L.psum(x, "outer")
+                    + L.psum(x * x, ("outer", "inner")) + L.axis_index("outer")
+                    - L.pmean(x, ("inner", "outer")))
+        return g
+
+    close(functx.vmap(functx.vmap(f(fl), axis_name="inner"), axis_name="outer")(M),
+          jax.vmap(jax.vmap(f(jax.lax), axis_name="inner"), axis_name="outer")(M))
+    # the same name twice: the inner vmap shadows the outer one
+    close(functx.vmap(functx.vmap(lambda x: fl.psum(x, "i"), axis_name="i"), axis_name="i")(M),
+          jax.vmap(jax.vmap(lambda x: jax.lax.psum(x, "i"), axis_name="i"), axis_name="i")(M))
+
+
+def test_nested_with_unnamed_inner_vmap_and_grad():
+    def f(L, np_, vmap, grad):
+        def per_row(row):
+            return grad(lambda r: np_.sum(np_.sin(r) * L.psum(r, "rows")))(row)
+        return vmap(per_row, axis_name="rows")
+
+    close(f(fl, fnp, functx.vmap, functx.grad)(M), f(jax.lax, jnp, jax.vmap, jax.grad)(M))
+
+    def h(L, np_, vmap):
+        return vmap(lambda row: vmap(lambda e: e * L.psum(e, "rows"))(row), axis_name="rows")
+
+    close(h(fl, fnp, functx.vmap)(M), h(jax.lax, jnp, jax.vmap)(M))
+
+
+def test_jit_of_vmap_and_vmap_of_jit():
+    f_fx = normalise(fl, fnp)
+    f_jax = normalise(jax.lax, jnp)
+    expected = jax.vmap(f_jax, axis_name="i")(X)
+    close(functx.jit(functx.vmap(f_fx, axis_name="i"))(X), expected)
+    close(functx.vmap(functx.jit(f_fx), axis_name="i")(X), expected)
+    close(jax.jit(functx.vmap(f_fx, axis_name="i"))(X), expected)
+    close(functx.jit(functx.vmap(functx.grad(lambda x: fnp.sum(f_fx(x))), axis_name="i"))(X),
+          jax.jit(jax.vmap(jax.grad(lambda x: jnp.sum(f_jax(x))), axis_name="i"))(X))
+
+
+def test_collective_inside_control_flow_under_vmap():
+    def f(L, cond):
+        return lambda x: cond(x > 0, lambda v: L.psum(v, "i"), lambda v: v * 2.0, x)
+
+    close(functx.vmap(f(fl, fl.cond), axis_name="i")(X),
+          jax.vmap(f(jax.lax, jax.lax.cond), axis_name="i")(X))
+
+
+def test_eager_repeats_are_stable():
+    f = functx.vmap(normalise(fl, fnp), axis_name="i")
+    expected = jax.vmap(normalise(jax.lax, jnp), axis_name="i")(X)
+    for _ in range(4):
+        close(f(X), expected)
+    # the same program under a vmap of another size
+    close(functx.vmap(normalise(fl, fnp), axis_name="i")(X[:3]),
+          jax.vmap(normalise(jax.lax, jnp), axis_name="i")(X[:3]))
+
+
+def test_unbound_axis_name():
+    with pytest.raises(NameError, match="axis name 'i' is not bound") as info:
+        fl.psum(X, "i")
+    assert isinstance(info.value, FunctxError)
+    with pytest.raises(FunctxError, match=r"vmap\(axis_name='j'\).*axis_name='i'") as info:
+        functx.vmap(lambda x: fl.psum(x, "i"), axis_name="j")(X)
+    assert isinstance(info.value, NameError)
+    with pytest.raises(NameError, match="pass|Pass axis_name='k'"):
+        functx.vmap(functx.grad(lambda x: fl.pmean(x, "k")))(X)
+    with pytest.raises(NameError, match="axis_index"):
+        functx.vmap(lambda x: x * fl.axis_index("q"))(X)
+
+
+def test_vmap_argument_checks():
+    with pytest.raises(ValueError, match="spmd_axis_name"):
+        functx.vmap(lambda x: x, spmd_axis_name="d")
+    with pytest.raises(TypeError, match="axis_name"):
+        functx.vmap(lambda x: x, axis_name=["a"])
+    with pytest.raises(ValueError, match="chunk_size"):
+        functx.vmap(lambda x: fl.psum(x, "i"), axis_name="i", chunk_size=2)(X)
+    # a chunk at least the batch is no chunking
+    close(functx.vmap(lambda x: fl.psum(x, "i"), axis_name="i", chunk_size=8)(X),
+          jnp.full(4, X.sum()))
+
+
+def test_jax_collectives_on_functx_values():
+    def f(x):
+        return x / jax.lax.psum(x, "i") + jax.lax.pmean(x * x, "i") + jax.lax.axis_index("i")
+
+    close(functx.vmap(f, axis_name="i")(X), jax.vmap(f, axis_name="i")(X))
+    close(functx.vmap(functx.grad(lambda x: jnp.sin(f(x))), axis_name="i")(X),
+          jax.vmap(jax.grad(lambda x: jnp.sin(f(x))), axis_name="i")(X))
+
+
+def test_functx_collective_under_jax_vmap():
+    close(jax.vmap(lambda x: fl.psum(x, "i"), axis_name="i")(X), jnp.full(4, X.sum()))
