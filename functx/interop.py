@@ -70,6 +70,12 @@ def bind_jax(prim, args, params):
         return bind(fx, *args, **params)
     if name in _INLINE_PARAM and name not in LIFT_RULES:
         sub = params.get(_INLINE_PARAM[name])
+        if name in _AS_CALL and isinstance(sub, jax.extend.core.ClosedJaxpr) and _eager():
+            # NOTE [JAX's jit programs stay calls]
+            graph = _call_graph(sub)
+            if graph is not None:
+                return bind(_jit_call(), *args, graph=graph,
+                            name=str(params.get("name", "jit")))
         if isinstance(sub, (jax.extend.core.ClosedJaxpr, jcore.Jaxpr)):
             outs = _program(sub)(list(args))
             return outs if prim.multiple_results else outs[0]
@@ -86,6 +92,74 @@ def bind_jax(prim, args, params):
 
         return bind(foreign(prim), *args, **params)
     return _stage_and_replay(prim, args, params)
+
+
+# NOTE [JAX's jit programs stay calls]
+# A `jax.jit` function called on functx values (jnp.matmul, jax.nn.log_softmax,
+# a user's jitted helper) becomes one functx `jit_call` of its translated
+# graph, not its equations inlined, when the transforms run eagerly: the
+# graph is transformed as a whole (its jvp split, transpose, batched graph,
+# cached on the graph) and runs as one compiled program, as JAX's eager
+# transforms run it: fewer dispatches and fewer compilations than one per
+# equation. JAX keeps one ClosedJaxpr per function and input types, so the
+# graph (and all derived from it) is made once per jaxpr. Under functx.jit
+# or a JAX trace the equations are inlined as before (the whole program is
+# compiled anyway, and inlined products keep the identity-basis shortcuts
+# of NOTE [identity bases] inside chunked loops). A jaxpr with a callback
+# is always inlined (NOTE [callbacks run when the program runs]).
+_AS_CALL = ("jit", "pjit")
+_CALL_GRAPHS = {}  # id(closed jaxpr) -> (closed jaxpr, Graph or None)
+_CALL_GRAPHS_LIMIT = 512
+
+
+def _call_graph(closed):
+    entry = _CALL_GRAPHS.get(id(closed))
+    if entry is None or entry[0] is not closed:
+        from .lifting import graph_of_jaxpr
+
+        graph = None
+        if not _calls_back(closed.jaxpr):  # callbacks keep the inlined path's timing
+            try:
+                graph = graph_of_jaxpr(closed)
+            except Exception:  # noqa: BLE001 - what cannot be staged whole is inlined
+                graph = None
+        entry = (closed, graph)
+        if len(_CALL_GRAPHS) >= _CALL_GRAPHS_LIMIT:
+            _CALL_GRAPHS.pop(next(iter(_CALL_GRAPHS)))
+        _CALL_GRAPHS[id(closed)] = entry
+    return entry[1]
+
+
+def _eager():
+    """Whether the transforms on the stack run eagerly: no functx staging
+    (functx.jit, make_graph) and no JAX trace around them."""
+    from . import xla_cpu
+    from .core import _state
+    from .interpreters.staging import StagingInterpreter
+
+    return xla_cpu.top_level() and not any(type(i) is StagingInterpreter for i in _state.stack)
+
+
+def _calls_back(jaxpr):
+    """Whether a jaxpr (or one nested in its equations) has a callback or
+    another effectful equation."""
+    for eqn in jaxpr.eqns:
+        fx = FROM_JAX.get(eqn.primitive)
+        if "callback" in eqn.primitive.name or eqn.effects or (fx is not None and fx.effectful):
+            return True
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    sub = sub.jaxpr
+                if isinstance(sub, jcore.Jaxpr) and _calls_back(sub):
+                    return True
+    return False
+
+
+def _jit_call():
+    from .primitives.call import jit_call
+
+    return jit_call
 
 
 def _stage_and_replay(prim, args, params):

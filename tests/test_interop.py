@@ -6,6 +6,8 @@ and the JAX libraries users bring (optax, Equinox, Flax, diffrax, lineax,
 optimistix). Every result against JAX's own transforms of the same program,
 float64."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -313,3 +315,38 @@ def test_callbacks_in_jax_code_run_when_their_branch_runs():
 
     with pytest.raises(fx.MissingRuleError, match="grad.*io_callback"):
         fx.grad(g)(X)
+
+
+def test_jax_jit_functions_run_as_one_call_eagerly(monkeypatch):
+    """NOTE [JAX's jit programs stay calls]: eagerly, a jitted JAX function
+    on functx values is one functx call (its graph transformed whole), not
+    its equations one by one: fewer programs to compile, the same numbers
+    as JAX; under functx.jit its equations are inlined as before."""
+    from functx import interop
+
+    compiles = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+
+    def loss(x):
+        return (jax.nn.log_softmax(x, axis=-1) * jnp.arange(float(x.size)).reshape(x.shape)).sum()
+
+    def count(shape):
+        x = jnp.linspace(-1.0, 1.0, math.prod(shape)).reshape(shape)
+        compiles.clear()
+        got = fx.vmap(fx.grad(loss))(x)
+        assert close(got, jax.vmap(jax.grad(loss))(x))
+        return len(compiles)
+
+    as_calls = count((3, 17, 5))  # shapes no other test uses
+    monkeypatch.setattr(interop, "_AS_CALL", ())
+    inlined = count((3, 17, 6))
+    assert as_calls < inlined
+    monkeypatch.undo()
+    x = jnp.linspace(-1.0, 1.0, 10).reshape(2, 5)
+    graph = str(fx.make_graph(fx.grad(loss))(x[0]))
+    assert "jit_call" not in graph and "exp" in graph
