@@ -1159,6 +1159,7 @@ _register_cache()
 from .primitives.collectives import (  # noqa: E402
     UnboundAxisNameError,
     all_gather,
+    all_to_all,
     axis_index,
     axis_size,
     pmax,

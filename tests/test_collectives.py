@@ -252,6 +252,52 @@ def test_eager_repeats_are_stable():
           jax.vmap(normalise(jax.lax, jnp), axis_name="i")(X[:3]))
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_eager_caches_never_compile_a_collective(monkeypatch, background):
+    # fused steps and compiled backward passes would fix the axis size of the
+    # first vmap in a compiled program: they must stay uncached (AxisNames)
+    from functx import caches
+
+    monkeypatch.setattr(caches, "BACKGROUND", background)
+    functx.clear_caches()
+    for n in (4, 3, 4, 3, 4, 3):
+        xs = X[:n]
+        close(functx.vmap(lambda x: functx.grad(lambda w: fl.psum(w * w, "i"))(1.5) + x,
+                          axis_name="i")(xs),
+              jax.vmap(lambda x: jax.grad(lambda w: jax.lax.psum(w * w, "i"))(1.5) + x,
+                       axis_name="i")(xs))
+        close(functx.vmap(functx.grad(lambda x: fl.psum(x, "i")), axis_name="i")(xs),
+              jnp.full(n, float(n)))
+        close(functx.vmap(lambda x: fl.psum(3.0, "i") * x, axis_name="i")(xs), n * 3.0 * xs)
+        caches.wait_for_compiles()
+
+
+def test_collective_compiled_without_batched_operand_raises():
+    g = functx.jit(lambda c: fl.psum(c, "i"))
+    with pytest.raises(FunctxError, match="compiled"):
+        functx.vmap(lambda x: x + g(2.0), axis_name="i")(X)
+
+
+def test_staged_bodies_do_not_fix_the_axis_size():
+    # psum of a constant inside a staged body (cached by code) is recorded,
+    # not computed for the first vmap's size
+    def f(L, cond):
+        return lambda x: cond(x > 0, lambda v: v + L.psum(2.0, "i"), lambda v: v * 2.0, x)
+
+    for n in (4, 3, 4):
+        close(functx.vmap(f(fl, fl.cond), axis_name="i")(X[:n]),
+              jax.vmap(f(jax.lax, jax.lax.cond), axis_name="i")(X[:n]))
+    g = functx.jit(lambda c: fl.psum(c, "i") + fl.axis_index("i"))
+    for n in (4, 3):
+        close(functx.vmap(lambda x: g(x), axis_name="i")(X[:n]),
+              jax.vmap(lambda x: jax.lax.psum(x, "i") + jax.lax.axis_index("i"),
+                       axis_name="i")(X[:n]))
+    h = functx.jit(lambda c: fl.psum(c, "i"))
+    for n in (4, 3):
+        with pytest.raises(FunctxError, match="compiled"):
+            functx.vmap(lambda x: x + h(2.0), axis_name="i")(X[:n])
+
+
 def test_unbound_axis_name():
     with pytest.raises(NameError, match="axis name 'i' is not bound") as info:
         fl.psum(X, "i")
@@ -288,3 +334,65 @@ def test_jax_collectives_on_functx_values():
 
 def test_functx_collective_under_jax_vmap():
     close(jax.vmap(lambda x: fl.psum(x, "i"), axis_name="i")(X), jnp.full(4, X.sum()))
+
+
+@pytest.mark.parametrize("mode", ["ema", "batch"])
+def test_equinox_batchnorm_training(mode):
+    eqx = pytest.importorskip("equinox")
+    def make():  # an eqx.nn.State may be used once
+        return eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, axis_name="batch", mode=mode,
+                                                        dtype=jnp.float64)
+
+    bn, state = make()
+
+    def f(x, state):
+        return bn(x, state)
+
+    out_fx, state_fx = functx.vmap(f, in_dims=(0, None), out_dims=(0, None),
+                                   axis_name="batch")(M, make()[1])
+    out_jax, state_jax = jax.vmap(f, in_axes=(0, None), out_axes=(0, None),
+                                  axis_name="batch")(M, make()[1])
+    close(out_fx, out_jax)
+    close(state_fx, state_jax)
+
+    # per-sample gradients of the affine parameters through the batch statistics
+    def loss(w, b, x, st):
+        model = eqx.tree_at(lambda m: (m.weight, m.bias), bn, (w, b))
+        y, _ = model(x, st)
+        return jnp.sum(jnp.tanh(y) * x)
+
+    w, b = bn.weight * 1.5, bn.bias + 0.25
+    grads_fx = functx.vmap(functx.grad(loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, None),
+                           axis_name="batch")(w, b, M, make()[1])
+    grads_jax = jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=(None, None, 0, None),
+                         axis_name="batch")(w, b, M, make()[1])
+    close(grads_fx, grads_jax)
+
+
+A2A = jnp.arange(4 * 4 * 6, dtype=jnp.float64).reshape(4, 4, 6) / 10
+
+
+@pytest.mark.parametrize("split,concat,tiled,x", [
+    (0, 0, False, A2A), (0, 1, False, A2A), (0, 1, True, A2A[:, :, :4]),
+    (1, 0, True, A2A[:, :, :4].transpose(0, 2, 1)), (0, 0, True, A2A),
+    (1, 1, True, A2A[:, :, :4].transpose(0, 2, 1))])
+def test_all_to_all(split, concat, tiled, x):
+    def f(L, np_):
+        return lambda v: L.all_to_all(np_.sin(v), "i", split, concat, tiled=tiled)
+
+    expected = jax.vmap(f(jax.lax, jnp), axis_name="i")(x)
+    close(functx.vmap(f(fl, fnp), axis_name="i")(x), expected)
+    w = jnp.arange(expected.size, dtype=jnp.float64).reshape(expected.shape) / 7
+
+    def total(L, np_, vmap, grad):
+        return grad(lambda v: np_.sum(vmap(f(L, np_), axis_name="i")(v) * w))
+
+    reference = total(jax.lax, jnp, jax.vmap, jax.grad)(x)
+    close(total(fl, fnp, functx.vmap, functx.grad)(x), reference)
+    # vmap(grad) (which jax.vmap cannot transpose here): the cotangent of
+    # each element is w[0], so it equals grad(vmap) with w[0] everywhere
+    w0 = jnp.broadcast_to(w[0], w.shape)
+    per_sample = functx.vmap(functx.grad(lambda v: fnp.sum(f(fl, fnp)(v) * w[0])),
+                             axis_name="i")(x)
+    close(per_sample, jax.grad(lambda v: jnp.sum(jax.vmap(f(jax.lax, jnp), axis_name="i")(v)
+                                                 * w0))(x))

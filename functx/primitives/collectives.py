@@ -1,6 +1,6 @@
 """Collectives over named vmap axes: psum, pmax, pmin, axis_index,
-all_gather, psum_scatter (reduce_scatter), ppermute; pmean and axis_size
-are built from them. Each is the functx twin of the JAX primitive of the
+all_gather, psum_scatter (reduce_scatter), ppermute, all_to_all; pmean and
+axis_size are built from them. Each is the functx twin of the JAX primitive of the
 same name with the same parameters, so `jax.lax.psum(x, 'batch')` on functx
 values (JAX code such as Equinox's BatchNorm) binds it (NOTE [JAX on functx
 values] in functx/interop.py).
@@ -35,23 +35,37 @@ UnboundAxisNameError (a FunctxError and a NameError). With no functx
 value among the operands and some JAX tracer, the collective is left to
 JAX (functx.lax.psum inside `jax.vmap(axis_name=...)`).
 
-A compiled program cannot hold a collective over a functx vmap's axis:
-functx's eager caches (fused steps, compiled backward passes, batched
-steps) that would compile one fail to build and the uncached path runs;
-a functx.jit function called under a named vmap with no batched operand
-that runs a collective raises JAX's unbound axis error rather than giving
-a result fixed to one batch size.
+Nothing compiled or cached may hold a result fixed to one vmap's size:
+* the axis names in a collective's parameters are `AxisNames`, a tuple
+  that is not hashable, so the eager caches (fused steps, compiled
+  backward passes, batched steps) take their uncached path for it;
+* a collective none of whose operands belongs to the named vmap (or
+  above) is recorded by a staging interpreter above that vmap if there is
+  one (functx.jit, a control-flow body, a staged jvp): its graph is
+  batched later with the name, never computed for the first size met;
+* met while JAX stages a program begun inside the vmap with no batched
+  operand (a functx.jit function called on unbatched values only), it
+  raises CompiledCollectiveError, where JAX would compute it for the
+  current size (a limitation).
 """
 
 import numpy as np
 from jax import lax as _jlax
 from jax._src.lax import parallel as _par
 
+from jax._src.core import trace_ctx as _jax_trace_ctx
+
 from ..core import Aval, Primitive, TRACER_TYPES, Zero, aval_of, bind, interpreter_stack
 from ..core import _JaxTracer
-from ..errors import FunctxError, FunctxValueError
+from ..errors import FunctxError, FunctxRuntimeError, FunctxValueError
 from ..interpreters.batching import BatchInterpreter, collective_rules, named_interpreter
-from ..interpreters.eval import lower_to_jax
+from ..interpreters.eval import defimpl
+from ..interpreters.staging import StagingInterpreter
+
+try:
+    from jax._src.interpreters.partial_eval import DynamicJaxprTrace as _JaxprTrace
+except ImportError:  # another JAX layout: every newer JAX trace counts
+    _JaxprTrace = object
 from .common import (
     defjvp,
     defzero_jvp,
@@ -96,6 +110,22 @@ def unbound_error(api, name):
     )
 
 
+class AxisNames(tuple):
+    """The axis names of a collective's parameters: a tuple that is not
+    hashable, so functx's eager caches (fused steps, compiled backward
+    passes, batched steps: NOTE [eager reverse mode in few dispatches])
+    never compile a collective into a program, where its result would be
+    fixed to the axis size of the vmap it was first met under (they take
+    their uncached path for unhashable parameters)."""
+
+    __slots__ = ()
+    __hash__ = None
+
+
+class CompiledCollectiveError(FunctxRuntimeError):
+    """A collective over a functx.vmap axis met inside a compiled program."""
+
+
 class CollectivePrimitive(Primitive):
     """A primitive naming vmap axes in its parameter `axis_param`
     (NOTE [named axes])."""
@@ -109,20 +139,54 @@ class CollectivePrimitive(Primitive):
         self.api = api
 
     def axis_interpreter(self, top, args, params):
-        for name in _names(params[self.axis_param]):
+        value = params[self.axis_param]
+        names = _names(value)
+        forced = None
+        bound = False
+        for name in names:
             interp = named_interpreter(name)
             if interp is None:
                 if top is None and any(isinstance(a, _JaxTracer) for a in args):
                     continue  # a JAX trace's axis (jax.vmap): JAX decides
                 raise unbound_error(self.api, name)
+            bound = True
             if top is None or interp.level > top.level:
-                top = interp
+                top = forced = interp
+        if bound and type(value) is not AxisNames:  # never cached (AxisNames)
+            params[self.axis_param] = AxisNames(
+                value if isinstance(value, (tuple, list)) else (value,))
+        if forced is not None:
+            # No operand belongs to the named vmap or above. A staging
+            # interpreter above it (functx.jit, a control-flow body, a
+            # staged jvp) records the collective: its graph, maybe cached,
+            # must not hold a result fixed to this vmap's size.
+            for interp in reversed(interpreter_stack()):
+                if interp.level <= forced.level:
+                    break
+                if isinstance(interp, StagingInterpreter):
+                    return interp
+            if (forced.jax_trace is not _jax_trace_ctx.trace
+                    and isinstance(_jax_trace_ctx.trace, _JaxprTrace)):
+                raise CompiledCollectiveError(
+                    f"functx.lax.{self.api} over the axis {forced.axis_name!r} of a functx.vmap "
+                    "was met inside a program compiled inside that vmap (a functx.jit / "
+                    "jax.jit function or a loop body) with no operand batched by the vmap: "
+                    "the compiled program cannot depend on the vmap's batch. Pass a batched "
+                    "value to that function, or call the collective outside it."
+                )
         return top
 
 
 def _collective(name, jax_prim, axis_param, api):
     p = CollectivePrimitive(name, jax_prim, axis_param, api)
-    lower_to_jax(p)
+
+    def impl(*args, **params):  # JAX's collective, for an axis of a JAX trace
+        value = params[axis_param]
+        if type(value) is AxisNames:
+            params[axis_param] = tuple(value)
+        return jax_prim.bind(*args, **params)
+
+    defimpl(p, impl)
     return p
 
 
@@ -471,6 +535,87 @@ def _ppermute_transpose(ct, x, *, axis_name, perm):
 transpose_rules[ppermute_p] = _ppermute_transpose
 
 # --------------------------------------------------------------------------
+# all_to_all: params as JAX's primitive (`axis_name`, `split_axis`,
+# `concat_axis`, `axis_index_groups`, `tiled`); at the primitive the split
+# axis is divided by the axis size and the concat axis multiplied by it
+# (the function adds and removes the unit axes of the untiled form)
+
+all_to_all_p = _collective("all_to_all", _par.all_to_all_p, "axis_name", "all_to_all")
+
+
+def _all_to_all_shape(x, *, axis_name, split_axis, concat_axis, axis_index_groups, tiled):
+    n = axis_size(axis_name)
+    shape = list(x.shape)
+    if shape[split_axis] % n:
+        raise FunctxValueError(
+            f"functx.lax.all_to_all: split_axis {split_axis} has size {shape[split_axis]}, "
+            f"not a multiple of the axis size {n}.")
+    shape[split_axis] //= n
+    shape[concat_axis] *= n
+    return Aval(tuple(shape), x.dtype, False)
+
+
+shape_rules[all_to_all_p] = _all_to_all_shape
+
+
+def _split_axis(x, axis, factor):
+    shape = list(aval_of(x).shape)
+    shape[axis:axis + 1] = [factor, shape[axis] // factor]
+    return st.reshape(x, tuple(shape))
+
+
+def _fold_axis(x, axis):
+    shape = list(aval_of(x).shape)
+    shape[axis:axis + 2] = [shape[axis] * shape[axis + 1]]
+    return st.reshape(x, tuple(shape))
+
+
+def _all_to_all_rule(interp, vals, dims, *, axis_name, split_axis, concat_axis,
+                     axis_index_groups, tiled):
+    (x,), (d,) = vals, dims
+    names = _names(axis_name)
+    params = dict(axis_name=axis_name, axis_index_groups=axis_index_groups, tiled=tiled)
+    if interp.axis_name not in names:
+        if d is None:
+            return bind(all_to_all_p, x, split_axis=split_axis, concat_axis=concat_axis,
+                        **params), None
+        return bind(all_to_all_p, x, split_axis=split_axis + (d <= split_axis),
+                    concat_axis=concat_axis + (d <= concat_axis), **params), d
+    _check_groups("all_to_all", axis_index_groups)
+    _single_name("all_to_all", names, interp.axis_name)
+    n = interp.axis_size
+    if d is None:
+        shape = aval_of(x).shape
+        x = st.broadcast_in_dim(x, (n,) + tuple(shape), tuple(range(1, len(shape) + 1)))
+        d = 0
+    if split_axis == concat_axis:
+        axis = split_axis + (d <= split_axis)
+        y = _split_axis(x, axis, n)  # (chunk index, chunk) at axis, axis + 1
+        d2 = d + (axis <= d)
+        perm = list(range(aval_of(y).ndim))
+        perm[d2], perm[axis] = perm[axis], perm[d2]
+        y = st.transpose(y, tuple(perm))
+        return _fold_axis(y, axis), d
+    y = _fold_axis(moveaxis(x, d, concat_axis), concat_axis)
+    return _split_axis(y, split_axis, n), split_axis
+
+
+collective_rules[all_to_all_p] = _all_to_all_rule
+defjvp(all_to_all_p, lambda t, x, **p: bind(all_to_all_p, t, **p))
+
+
+def _all_to_all_transpose(ct, x, *, axis_name, split_axis, concat_axis, axis_index_groups,
+                          tiled):
+    if type(ct) is Zero:
+        return [Zero(x.aval)]
+    # a permutation of the batch's blocks: its transpose is its inverse
+    return [bind(all_to_all_p, ct, axis_name=axis_name, split_axis=concat_axis,
+                 concat_axis=split_axis, axis_index_groups=axis_index_groups, tiled=tiled)]
+
+
+transpose_rules[all_to_all_p] = _all_to_all_transpose
+
+# --------------------------------------------------------------------------
 # The functions of functx.lax
 
 
@@ -603,6 +748,49 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     return _tree_map(one, x)
 
 
+def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False):
+    """Exchange blocks across the named vmap axis (`jax.lax.all_to_all`):
+    batch element i receives block i of `split_axis` from every element j,
+    placed at position j along `concat_axis`. Untiled, `split_axis` must
+    have the batch size and is replaced by a new axis at `concat_axis`;
+    tiled, it is divided by the batch size and `concat_axis` multiplied.
+    Its transpose is the all_to_all with the two axes swapped."""
+    names = _axis_tuple(axis_name)
+    n = axis_size(names)
+
+    def one(leaf, split_axis=split_axis, concat_axis=concat_axis):
+        shape = aval_of(leaf).shape
+        split_axis %= len(shape)
+        if tiled:
+            concat_axis %= len(shape)
+            if shape[split_axis] % n:
+                raise FunctxValueError(
+                    f"functx.lax.all_to_all: split_axis {split_axis} has size "
+                    f"{shape[split_axis]}, not a multiple of the axis size {n}.")
+            return bind(all_to_all_p, leaf, axis_name=names, split_axis=split_axis,
+                        concat_axis=concat_axis, axis_index_groups=axis_index_groups,
+                        tiled=True)
+        concat_axis %= len(shape)
+        if shape[split_axis] != n:
+            raise FunctxValueError(
+                f"functx.lax.all_to_all: split_axis {split_axis} has size {shape[split_axis]}"
+                f", but the axis {axis_name!r} has size {n}: untiled, they must be equal.")
+        if split_axis < concat_axis:
+            concat_axis += 1
+            leaf = st.reshape(leaf, shape[:concat_axis] + (1,) + shape[concat_axis:])
+        elif split_axis > concat_axis:
+            leaf = st.reshape(leaf, shape[:concat_axis] + (1,) + shape[concat_axis:])
+            split_axis += 1
+        out = bind(all_to_all_p, leaf, axis_name=names, split_axis=split_axis,
+                   concat_axis=concat_axis, axis_index_groups=axis_index_groups, tiled=False)
+        if split_axis != concat_axis:
+            oshape = aval_of(out).shape
+            out = st.reshape(out, oshape[:split_axis] + oshape[split_axis + 1:])
+        return out
+
+    return _tree_map(one, x)
+
+
 def ppermute(x, axis_name, perm):
     """Send `x` from batch element `src` to `dst` for each pair of `perm`
     along the named vmap axis (`jax.lax.ppermute`); elements no pair sends
@@ -613,7 +801,7 @@ def ppermute(x, axis_name, perm):
 
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "axis_index", "axis_size", "all_gather",
-           "psum_scatter", "ppermute", "UnboundAxisNameError"]
+           "psum_scatter", "ppermute", "all_to_all", "UnboundAxisNameError"]
 
 
 # --------------------------------------------------------------------------
@@ -645,7 +833,19 @@ def _functx_names(axis_name):
     return all(named_interpreter(n) is not None and not env.axis_exists(n) for n in names)
 
 
-def _wrap_jax(name, ours, by_value=True):
+def _jax_pmean(x, axis_name, *, axis_index_groups=None):
+    """jax.lax.pmean of JAX values (a jax.vmap inside a functx.vmap, as in
+    Equinox's BatchNorm) over a functx.vmap's axis: JAX's psum reaches
+    functx through the bind hook; the size is functx's."""
+    import jax
+
+    _check_groups("pmean", axis_index_groups)
+    n = axis_size(axis_name)
+    total = jax.lax.psum._functx_original(x, axis_name)
+    return jax.tree_util.tree_map(lambda t: t / n, total)
+
+
+def _wrap_jax(name, ours, by_value=True, by_names=None):
     import functools
 
     import jax
@@ -659,6 +859,8 @@ def _wrap_jax(name, ours, by_value=True):
         if (by_value and args and _has_functx_value(args[0])) or (
                 not by_value and args and _functx_names(args[0])):
             return ours(*args, **kwargs)
+        if by_names is not None and len(args) > 1 and _functx_names(args[1]):
+            return by_names(*args, **kwargs)
         return original(*args, **kwargs)
 
     wrapper._functx_wrapped = True
@@ -666,9 +868,10 @@ def _wrap_jax(name, ours, by_value=True):
     setattr(jax.lax, name, wrapper)
 
 
-for _name, _fn in (("psum", psum), ("pmean", pmean), ("pmax", pmax), ("pmin", pmin),
+for _name, _fn in (("psum", psum), ("pmax", pmax), ("pmin", pmin),
                    ("all_gather", all_gather), ("psum_scatter", psum_scatter),
-                   ("ppermute", ppermute)):
+                   ("ppermute", ppermute), ("all_to_all", all_to_all)):
     _wrap_jax(_name, _fn)
+_wrap_jax("pmean", pmean, by_names=_jax_pmean)
 _wrap_jax("axis_index", axis_index, by_value=False)
 _wrap_jax("axis_size", axis_size, by_value=False)

@@ -370,7 +370,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
         same result).
       axis_name: a hashable name (e.g. 'batch') for the mapped axis, which the
         collectives of functx.lax (psum, pmean, pmax, pmin, axis_index,
-        axis_size, all_gather, ...) and JAX's (jax.lax.psum, ... called on
+        axis_size, all_gather, psum_scatter, ppermute, all_to_all) and JAX's (jax.lax.psum, ... called on
         functx values, e.g. by Equinox's BatchNorm) reduce over, as in
         `jax.vmap(..., axis_name=...)`. Not combinable with chunking.
       spmd_axis_name: not supported yet (device sharding of the batch axis);
