@@ -396,3 +396,13 @@ def test_all_to_all(split, concat, tiled, x):
                              axis_name="i")(x)
     close(per_sample, jax.grad(lambda v: jnp.sum(jax.vmap(f(jax.lax, jnp), axis_name="i")(v)
                                                  * w0))(x))
+
+
+def test_jax_jit_function_with_collectives_under_named_vmap():
+    f = jax.jit(lambda x: x / jax.lax.psum(x, "i") + jax.lax.axis_index("i")
+                + jax.lax.pmean(x * x, "i"))
+    close(functx.vmap(f, axis_name="i")(X), jax.vmap(f, axis_name="i")(X))
+    close(functx.vmap(functx.grad(lambda x: jnp.sin(f(x))), axis_name="i")(X),
+          jax.vmap(jax.grad(lambda x: jnp.sin(f(x))), axis_name="i")(X))
+    close(functx.grad(lambda xs: jnp.sum(jnp.sin(functx.vmap(f, axis_name="i")(xs))))(X),
+          jax.grad(lambda xs: jnp.sum(jnp.sin(jax.vmap(f, axis_name="i")(xs))))(X))

@@ -823,14 +823,24 @@ def _has_functx_value(tree):
     return any(type(leaf) in TRACER_TYPES for leaf in jax.tree_util.tree_leaves(tree))
 
 
-def _functx_names(axis_name):
-    from jax._src import core as jcore
-
+def _functx_names(axis_name, staged_by_jax=True):
+    """Does a functx.vmap bind every name of `axis_name`? (JAX's axis
+    environment holds them too while it runs: transforms/vmap.py.) With
+    `staged_by_jax=False`: and is JAX not staging a program begun inside
+    that vmap (a jax.jit function, whose jaxpr keeps JAX's collective, to
+    be translated when replayed on functx values)?"""
     names = _names(axis_name)
     if not names:
         return False
-    env = jcore.get_axis_env()
-    return all(named_interpreter(n) is not None and not env.axis_exists(n) for n in names)
+    trace = _jax_trace_ctx.trace
+    for n in names:
+        interp = named_interpreter(n)
+        if interp is None:
+            return False
+        if (not staged_by_jax and interp.jax_trace is not trace
+                and isinstance(trace, _JaxprTrace)):
+            return False
+    return True
 
 
 def _jax_pmean(x, axis_name, *, axis_index_groups=None):
@@ -857,7 +867,7 @@ def _wrap_jax(name, ours, by_value=True, by_names=None):
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         if (by_value and args and _has_functx_value(args[0])) or (
-                not by_value and args and _functx_names(args[0])):
+                not by_value and args and _functx_names(args[0], staged_by_jax=False)):
             return ours(*args, **kwargs)
         if by_names is not None and len(args) > 1 and _functx_names(args[1]):
             return by_names(*args, **kwargs)

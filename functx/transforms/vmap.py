@@ -1,6 +1,7 @@
 """vmap: vectorizing map, with in_dims/out_dims pytrees, chunking and the
 randomness modes of torch.func.vmap."""
 
+import contextlib
 import functools
 
 import jax
@@ -151,11 +152,27 @@ def _check_batched(leaves, dims, args, call):
     return norm, size
 
 
+def _jax_axis_env(axis_name, size):
+    """NOTE [named axes] (functx/primitives/collectives.py): while a named
+    vmap runs, JAX's axis environment holds its name too, so JAX code that
+    JAX traces inside it (a jax.jit function called on its values) may name
+    the axis in collectives: its jaxpr's collectives are translated to
+    functx's when replayed on functx values."""
+    if axis_name is None:
+        return contextlib.nullcontext()
+    try:
+        from jax._src import core as jcore
+
+        return jcore.extend_axis_env_nd([(axis_name, size)])
+    except (ImportError, AttributeError):  # another JAX layout
+        return contextlib.nullcontext()
+
+
 def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call,
                bases=None, axis_name=None):
     interp = BatchInterpreter(size, randomness, "vmap", axis_name=axis_name)
     bases = bases or [None] * len(leaves)
-    with new_interpreter(interp):
+    with _jax_axis_env(axis_name, size), new_interpreter(interp):
         boxed = [x if d is None else BatchTracer(interp, x, d, b)
                  for x, d, b in zip(leaves, dims, bases)]
         out = func(*tree_util.tree_unflatten(in_tree, boxed), **kwargs)
