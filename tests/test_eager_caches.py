@@ -95,7 +95,9 @@ def test_repeated_vmaps_equal_jax_before_and_after_batched_steps_engage():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
         caches.wait_for_compiles()
     built = [k[0].name for k, v in batching._steps.entries.items() if isinstance(v, batching.BatchedStep)]
-    assert {"dot_general", "tanh", "cos"} <= set(built)
+    # (w @ x is jnp.matmul, a jitted JAX function: one call, NOTE [JAX's jit
+    # programs stay calls], batched as a whole graph rather than by a step)
+    assert {"tanh", "cos"} <= set(built)
 
 
 # --------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from ..core import (
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
 from ..caches import RepeatCache
-from .eval import compile_ahead, compiled
+from .eval import compile_ahead, compiled, single_program
 from .staging import eval_graph, one_equation_graph, stage
 
 batch_rules = {}  # Primitive -> rule
@@ -160,7 +160,7 @@ class BatchInterpreter(Interpreter):
                     return [self.box(o, d) if b is None else BatchTracer(self, o, d, b)
                             for o, d, b in zip(out, out_dim, basis, strict=True)]
                 return BatchTracer(self, out, out_dim, basis)
-        if concrete:
+        if concrete and prim not in single_program:
             step = batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis_name)
             if step is not None:
                 outs = (step.fn(*vals) if _core.eager_hook is None  # NOTE [profiler hook]

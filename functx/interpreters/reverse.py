@@ -50,7 +50,7 @@ from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
 from ..caches import RepeatCache
-from .eval import compile_ahead, compiled
+from .eval import compile_ahead, compiled, single_program
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
     Const,
@@ -181,7 +181,8 @@ class ReverseInterpreter(JVPInterpreter):
             if type(p) is not ArrayImpl:
                 concrete = False
         if concrete:
-            step = fused_step(prim, params, primals, tuple(differentiated))
+            step = (None if prim in single_program
+                    else fused_step(prim, params, primals, tuple(differentiated)))
             if step is not None:
                 split = step.split
                 outs = (step.primal(*primals) if _core.eager_hook is None  # NOTE [profiler hook]

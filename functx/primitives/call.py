@@ -11,7 +11,7 @@ one `jax.jit`-compiled program, compiled once per graph.
 import numpy as np
 
 from ..interpreters.batching import batch_graph
-from ..interpreters.eval import compiled, defimpl
+from ..interpreters.eval import compiled, defimpl, single_program
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import transpose_graph
 from .common import (
@@ -34,6 +34,7 @@ def _impl(*args, graph, name):
 
 
 defimpl(jit_call, _impl)
+single_program.add(jit_call)  # its jvp's primal part is one program already
 shape_rules[jit_call] = lambda *avals, graph, name: graph.out_avals
 
 
