@@ -544,9 +544,7 @@ def rule_status(prim_name, operand_free=False):
     from functx.interpreters.batching import batch_rules
     from functx.interpreters.eval import impl_rules
     from functx.interpreters.jvp import jvp_rules
-    from functx.interpreters.reverse import transpose_rules
     from functx.lifting import LIFT_RULES
-    from jax._src.interpreters import ad
 
     if prim_name in LIFT_RULES:
         fx = LIFT_RULES[prim_name].primitive
@@ -559,9 +557,9 @@ def rule_status(prim_name, operand_free=False):
         status["eval"] = fx in impl_rules
         status["jvp"] = fx in jvp_rules
         # A primitive JAX transposes is linear: its jvp applies it to
-        # tangents, so reverse mode needs its transpose rule too.
-        linear = fx.jax is not None and fx.jax in ad.primitive_transposes
-        status["reverse"] = fx in jvp_rules and (not linear or fx in transpose_rules)
+        # tangents, so reverse mode needs a transpose rule too: functx's own,
+        # or JAX's, which reverse mode borrows (primitives/foreign.py).
+        status["reverse"] = fx in jvp_rules
         status["batch"] = fx in batch_rules
     for mode, why in IMPOSSIBLE.get(prim_name, {}).items():
         status[mode] = why  # (while's jvp rule exists; its reverse mode raises)

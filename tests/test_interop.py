@@ -350,3 +350,28 @@ def test_jax_jit_functions_run_as_one_call_eagerly(monkeypatch):
     x = jnp.linspace(-1.0, 1.0, 10).reshape(2, 5)
     graph = str(fx.make_graph(fx.grad(loss))(x[0]))
     assert "jit_call" not in graph and "exp" in graph
+
+
+def test_a_transpose_jax_has_is_borrowed_for_functx_primitives(monkeypatch):
+    """A library may register a JAX transpose rule JAX lacks (lineax does so
+    for stop_gradient, applied to tangents in its own jvp rules): functx's
+    reverse mode borrows it where its primitive has none, as jax.grad uses it."""
+    from jax._src import ad_util
+    from jax._src.interpreters import ad
+
+    monkeypatch.setitem(ad.primitive_transposes, ad_util.stop_gradient_p, lambda ct, x: (ct,))
+
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return jnp.sin(x), jnp.cos(x) * jax.lax.stop_gradient(t)
+
+    def loss(x):
+        return f(x).sum()
+
+    assert close(fx.grad(loss)(X), jax.grad(loss)(X))
+    assert close(fx.vmap(fx.grad(loss))(XS), jax.vmap(jax.grad(loss))(XS))

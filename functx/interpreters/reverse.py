@@ -402,7 +402,7 @@ def backward_pass(graph, cts, known=None):
             ct = env.pop(eqn.outputs[0], None)
             if ct is None:
                 continue
-        rule = transpose_rules.get(prim)
+        rule = transpose_rules.get(prim) or transpose_rule_of(prim)
         if rule is None:
             raise missing_rule(
                 prim,
@@ -422,6 +422,18 @@ def backward_pass(graph, cts, known=None):
             if type(x) is Var and c is not None and type(c) is not Zero:
                 accumulate(x, c)
     return [Zero(v.aval) if (c := env.get(v)) is None else c for v in graph.inputs]
+
+
+def transpose_rule_of(prim):
+    """`prim`'s transpose rule: functx's own, else the rule JAX has for its
+    JAX primitive (a library may register one: NOTE [foreign primitives]),
+    else None."""
+    rule = transpose_rules.get(prim)
+    if rule is None and prim.jax is not None:
+        from ..primitives.foreign import borrowed_transpose
+
+        rule = borrowed_transpose(prim)
+    return rule
 
 
 def transpose_graph(graph, linear, ct_nonzero):

@@ -73,7 +73,7 @@ from ..interpreters.batching import BatchInterpreter, batch_graph
 from ..interpreters.eval import defimpl
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import _Tape as Tape
-from ..interpreters.reverse import transpose_graph
+from ..interpreters.reverse import transpose_graph, transpose_rule_of
 from ..interpreters.staging import StagingTracer, eval_graph, stage
 from .common import (
     batch_rules,
@@ -334,7 +334,7 @@ def _check_tape_linear(tape, start, tangents, rule):
     dependent = {t.var for t in tangents if type(t) is StagingTracer and t._interp is tape}
     for eqn in tape.eqns[start:]:
         if any(x in dependent for x in eqn.inputs):
-            if eqn.prim not in transpose_rules:
+            if transpose_rule_of(eqn.prim) is None:
                 raise MissingRuleError(
                     f"reverse-mode of {rule.kind} function `{rule.name}`: its jvp rule "
                     f"applies `{eqn.prim.name}` to a tangent, and `{eqn.prim.name}` has "
@@ -461,7 +461,7 @@ def _check_linear(graph, linear, what, fix):
     dependent = {v for v, lin in zip(graph.inputs, linear) if lin}
     for eqn in graph.eqns:
         if any(type(x) is Var and x in dependent for x in eqn.inputs):
-            if eqn.prim not in transpose_rules:
+            if transpose_rule_of(eqn.prim) is None:
                 raise MissingRuleError(
                     f"{what}; this one applies `{eqn.prim.name}`, which is not linear, to "
                     f"a value computed from the cotangents. {fix}"

@@ -160,6 +160,39 @@ def _define(jax_prim):
 
     jvp_rules[fx] = jvp_rule
 
+    transpose_rules[fx] = _transpose_rule(jax_prim)
+
+    @_cached
+    def batch_fn(params, dims, size):
+        rule = jax_batching.fancy_primitive_batchers.get(jax_prim)
+        if rule is None:
+            raise _missing(jax_prim, "vmap", KeyError("JAX registers no batching rule"))
+        p = params.dict()
+        axis = jax_batching.AxisData(None, size, None, None)
+
+        def batched(*vals):
+            out, out_dims = rule(axis, vals, dims, **p)
+            out_dims = out_dims if multiple else [out_dims]
+            # (-1: not batched; static outputs of the lifted function)
+            return out, [-1 if d is None else d for d in out_dims]
+
+        return batched
+
+    def batch_rule(size, vals, dims, **params):
+        out, out_dims = call_lifted(batch_fn(_Params(params), tuple(dims), size), tuple(vals), {})
+        out_dims = [None if d == -1 else d for d in out_dims]
+        return out, (out_dims if multiple else out_dims[0])
+
+    batch_rules[fx] = batch_rule
+    return fx
+
+
+
+def _transpose_rule(jax_prim):
+    """A functx transpose rule that stages JAX's transpose rule of
+    `jax_prim` and lifts the result."""
+    multiple = jax_prim.multiple_results
+
     @_cached
     def transpose_fn(params, linear_avals):
         rule = jax_ad.primitive_transposes.get(jax_prim)
@@ -187,32 +220,23 @@ def _define(jax_prim):
         out = call_lifted(fn, (cts, nonlinear), {})
         return [o if a is not None else None for o, a in zip(out, linear_avals)]
 
-    transpose_rules[fx] = transpose_rule
+    return transpose_rule
 
-    @_cached
-    def batch_fn(params, dims, size):
-        rule = jax_batching.fancy_primitive_batchers.get(jax_prim)
-        if rule is None:
-            raise _missing(jax_prim, "vmap", KeyError("JAX registers no batching rule"))
-        p = params.dict()
-        axis = jax_batching.AxisData(None, size, None, None)
 
-        def batched(*vals):
-            out, out_dims = rule(axis, vals, dims, **p)
-            out_dims = out_dims if multiple else [out_dims]
-            # (-1: not batched; static outputs of the lifted function)
-            return out, [-1 if d is None else d for d in out_dims]
+def borrowed_transpose(fx):
+    """For a functx primitive with no transpose rule of its own: JAX's
+    rule for its JAX primitive, borrowed as for a foreign primitive (a
+    library may register one JAX has not, e.g. lineax's for stop_gradient),
+    or None when JAX has none either."""
+    if fx.jax is None or fx.jax not in jax_ad.primitive_transposes:
+        return None
+    rule = _BORROWED.get(fx)
+    if rule is None:
+        rule = _BORROWED[fx] = _transpose_rule(fx.jax)
+    return rule
 
-        return batched
 
-    def batch_rule(size, vals, dims, **params):
-        out, out_dims = call_lifted(batch_fn(_Params(params), tuple(dims), size), tuple(vals), {})
-        out_dims = [None if d == -1 else d for d in out_dims]
-        return out, (out_dims if multiple else out_dims[0])
-
-    batch_rules[fx] = batch_rule
-    return fx
-
+_BORROWED = {}
 
 def bind_fx(fx, args, params):
     from ..core import bind
