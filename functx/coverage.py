@@ -88,17 +88,16 @@ IMPOSSIBLE = {
 }
 
 # Primitives functx leaves to later work (primitive -> why).
-_NAMED = "collective over a named axis: named axes and collectives are a later issue"
+_NAMED = ("collective over a named axis that functx.vmap's named axes do not produce "
+          "(shard_map / mesh collectives: issue 18's sharding items)")
 _SHARDING = "sharding and device layout (SPEC 7): a later issue"
 _STATE = ("mutable array references (jax.new_ref): state, not a function of values; "
           "functx transforms pure functions")
 _TOKEN = "ordering tokens for side effects: no array computation to transform"
 EXCLUDED = {
     **{p: _NAMED for p in (
-        "psum", "pmax", "pmin", "pmean", "axis_index", "all_gather", "all_gather_invariant",
-        "all_to_all", "ppermute", "psum_scatter", "reduce_scatter", "pbroadcast", "pcast",
-        "pvary", "psum_invariant", "ragged_all_to_all", "psend", "precv", "pshuffle",
-        "pswapaxes")},
+        "all_gather_invariant", "pbroadcast", "pcast", "pvary", "psum_invariant",
+        "ragged_all_to_all", "psend", "precv", "pshuffle", "pswapaxes")},
     "sharding_constraint": _SHARDING, "reshard": _SHARDING, "mesh_cast": _SHARDING,
     **{p: _STATE for p in ("new_ref", "mutable_array", "empty_ref", "freeze", "free_ref",
                            "get", "swap", "addupdate")},
@@ -541,7 +540,7 @@ def rule_status(prim_name, operand_free=False):
     it is never differentiated or batched."""
     import functx  # noqa: F401 - registers every primitive
     from functx.core import FROM_JAX
-    from functx.interpreters.batching import batch_rules
+    from functx.interpreters.batching import batch_rules, collective_rules
     from functx.interpreters.eval import impl_rules
     from functx.interpreters.jvp import jvp_rules
     from functx.lifting import LIFT_RULES
@@ -560,7 +559,9 @@ def rule_status(prim_name, operand_free=False):
         # tangents, so reverse mode needs a transpose rule too: functx's own,
         # or JAX's, which reverse mode borrows (primitives/foreign.py).
         status["reverse"] = fx in jvp_rules
-        status["batch"] = fx in batch_rules
+        # Collectives are batched by the vmap that names their axis
+        # (collective_rules: NOTE [named axes] in primitives/collectives.py).
+        status["batch"] = fx in batch_rules or fx in collective_rules
     for mode, why in IMPOSSIBLE.get(prim_name, {}).items():
         status[mode] = why  # (while's jvp rule exists; its reverse mode raises)
     if prim_name in EXCLUDED:
