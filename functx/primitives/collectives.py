@@ -395,6 +395,19 @@ def _single_name(api, names, mine):
             "functx.vmap (nor under jax.vmap). Name one axis.")
 
 
+def _past_other_axis(prim, dim_param, dim, x, d, params):
+    """The batching of an all_gather / psum_scatter over another vmap's
+    axis: bind it again with the operand's batch axis `d` kept, its own
+    axis parameter `dim_param` shifted past that batch axis."""
+    if d is None:
+        return bind(prim, x, **{dim_param: dim}, **params), None
+    if d <= dim:
+        dim += 1
+    elif not params["tiled"]:
+        d += 1
+    return bind(prim, x, **{dim_param: dim}, **params), d
+
+
 def _all_gather_rule(interp, vals, dims, *, all_gather_dimension, axis_name,
                      axis_index_groups, axis_size, tiled):
     (x,), (d,) = vals, dims
@@ -402,15 +415,8 @@ def _all_gather_rule(interp, vals, dims, *, all_gather_dimension, axis_name,
     params = dict(axis_name=axis_name, axis_index_groups=axis_index_groups,
                   axis_size=axis_size, tiled=tiled)
     if interp.axis_name not in names:  # another axis: keep this batch dim
-        if d is None:
-            return bind(all_gather_p, x, all_gather_dimension=all_gather_dimension,
-                        **params), None
-        dim = all_gather_dimension
-        if d <= dim:
-            dim += 1
-        elif not tiled:
-            d += 1
-        return bind(all_gather_p, x, all_gather_dimension=dim, **params), d
+        return _past_other_axis(all_gather_p, "all_gather_dimension", all_gather_dimension,
+                                x, d, params)
     _check_groups("all_gather", axis_index_groups)
     _single_name("all_gather", names, interp.axis_name)
     n = interp.axis_size
@@ -436,15 +442,8 @@ def _reduce_scatter_rule(interp, vals, dims, *, scatter_dimension, axis_name,
     params = dict(axis_name=axis_name, axis_index_groups=axis_index_groups,
                   axis_size=axis_size, tiled=tiled)
     if interp.axis_name not in names:
-        if d is None:
-            return bind(reduce_scatter_p, x, scatter_dimension=scatter_dimension,
-                        **params), None
-        dim = scatter_dimension
-        if d <= dim:
-            dim += 1
-        elif not tiled:
-            d += 1
-        return bind(reduce_scatter_p, x, scatter_dimension=dim, **params), d
+        return _past_other_axis(reduce_scatter_p, "scatter_dimension", scatter_dimension,
+                                x, d, params)
     _check_groups("psum_scatter", axis_index_groups)
     _single_name("psum_scatter", names, interp.axis_name)
     n = interp.axis_size
