@@ -24,7 +24,8 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   and its XLA compilation to one background thread (`BACKGROUND`; XLA
   compiles without holding the GIL, staging takes turns with the caller;
   while it has work the interpreter's switch interval is shortened so the
-  caller gets the GIL back quickly: `SWITCH_INTERVAL`).
+  caller gets the GIL back quickly: `SWITCH_INTERVAL`; and it starts a job
+  only while no call is in progress, or after waiting `MAX_WAIT`).
   Until the program is ready the caller keeps taking the uncached path (the
   per-primitive programs, already compiled), so no call stalls on a
   compilation of repeated structure. Both paths run the same primitives
@@ -37,6 +38,7 @@ import collections
 import os
 import sys
 import threading
+import time
 import weakref
 
 __all__ = ["Cache", "RepeatCache", "WeakRef", "clear_caches", "cache_info", "weak_key_part"]
@@ -319,9 +321,25 @@ def _drop_queued():
         future.cancel()  # only those not started; a running compile finishes
 
 
+# The compile thread starts a job only when no other thread is inside a
+# transform, or after waiting `MAX_WAIT` seconds for that: its Python
+# (staging, tracing) would otherwise take turns with a call in progress.
+MAX_WAIT = 0.03
+
+
+def _wait_for_idle():
+    from .core import busy
+
+    me = threading.get_ident()
+    deadline = time.perf_counter() + MAX_WAIT
+    while any(t != me for t in list(busy)) and time.perf_counter() < deadline:
+        time.sleep(0.0005)
+
+
 def _counted(compile_fn):
     global _outstanding, _saved_interval
     try:
+        _wait_for_idle()
         return compile_fn()
     finally:
         with _executor_lock:

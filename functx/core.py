@@ -368,15 +368,25 @@ def new_interpreter(interp):
     mark it dead afterwards (NOTE [escaped tracers])."""
     stack = _state.stack
     interp.level = len(stack) + 1
-    interp.thread = _get_ident()
+    interp.thread = ident = _get_ident()
     interp.jax_trace = _jax_trace_ctx.trace  # NOTE [JAX on functx values]
     stack.append(interp)
+    busy[ident] = len(stack)
     try:
         yield interp
     finally:
         interp.alive = False
         stack.remove(interp)
+        if stack:
+            busy[ident] = len(stack)
+        else:
+            busy.pop(ident, None)
         interp.release()
+
+
+# thread id -> depth of its interpreter stack, for threads running a
+# transform now: the compile thread waits for them (NOTE [bounded caches]).
+busy = {}
 
 
 def _escaped(tracer, prim):
