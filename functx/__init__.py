@@ -18,6 +18,7 @@ from .errors import (
     FunctxValueError,
     JaxOnFunctxValueError,
     MissingRuleError,
+    UnboundAxisNameError,
 )
 from .caches import cache_info, clear_caches
 from .custom import custom_jvp, custom_vjp
@@ -60,5 +61,5 @@ __all__ = [
     "numpy", "lax", "nn", "random", "test_util", "autograd", "config",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
-    "JaxOnFunctxValueError", "clear_caches", "cache_info",
+    "JaxOnFunctxValueError", "UnboundAxisNameError", "clear_caches", "cache_info",
 ]

@@ -76,6 +76,14 @@ class JaxOnFunctxValueError(FunctxTypeError):
     """A JAX function was handed a functx value directly."""
 
 
+class UnboundAxisNameError(FunctxError, NameError):
+    """A collective names an axis that no enclosing functx.vmap binds."""
+
+
+class CompiledCollectiveError(FunctxRuntimeError):
+    """A collective over a functx.vmap axis met inside a compiled program."""
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -50,14 +50,13 @@ Nothing compiled or cached may hold a result fixed to one vmap's size:
 """
 
 import numpy as np
-from jax import lax as _jlax
 from jax._src.lax import parallel as _par
 
 from jax._src.core import trace_ctx as _jax_trace_ctx
 
 from ..core import Aval, Primitive, TRACER_TYPES, Zero, aval_of, bind, interpreter_stack
 from ..core import _JaxTracer
-from ..errors import FunctxError, FunctxRuntimeError, FunctxValueError
+from ..errors import CompiledCollectiveError, FunctxValueError, UnboundAxisNameError
 from ..interpreters.batching import BatchInterpreter, collective_rules, named_interpreter
 from ..interpreters.eval import defimpl
 from ..interpreters.staging import StagingInterpreter
@@ -78,10 +77,6 @@ from .common import (
 from . import elementwise as ew
 from . import reductions as red
 from . import structural as st
-
-
-class UnboundAxisNameError(FunctxError, NameError):
-    """A collective names an axis that no enclosing functx.vmap binds."""
 
 
 def _names(axis_name):
@@ -120,10 +115,6 @@ class AxisNames(tuple):
 
     __slots__ = ()
     __hash__ = None
-
-
-class CompiledCollectiveError(FunctxRuntimeError):
-    """A collective over a functx.vmap axis met inside a compiled program."""
 
 
 class CollectivePrimitive(Primitive):
