@@ -57,7 +57,7 @@ import subprocess
 import sys
 import time
 
-from _tables import render
+from _common import MAML_INNER_LR, MAML_INNER_STEPS, MAML_TASKS, init_mlp, maml_data, render
 
 WORKLOADS = ("mlp", "cnn", "maml", "scan", "rejit")
 FRAMEWORKS = ("functx", "jax", "torch")
@@ -76,16 +76,6 @@ def _np():
     import numpy as np
 
     return np
-
-
-def init_mlp(rng, sizes):
-    np = _np()
-    params = {}
-    for i in range(len(sizes) - 1):
-        m, n = sizes[i], sizes[i + 1]
-        params[f"w{i}"] = (rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32)
-        params[f"b{i}"] = (0.1 * rng.standard_normal(n)).astype(np.float32)
-    return params
 
 
 def onehot(rng, batch, classes):
@@ -115,23 +105,6 @@ def cnn_data():
     }
     x = rng.standard_normal((16, 1, 12, 12)).astype(np.float32)
     return params, x, onehot(rng, 16, 10)
-
-
-MAML_TASKS, MAML_SHOTS, MAML_INNER_STEPS, MAML_INNER_LR = 32, 10, 5, 0.01
-
-
-def maml_data():
-    np = _np()
-    rng = np.random.default_rng(2)
-    params = init_mlp(rng, (1, 40, 40, 1))
-    amp = rng.uniform(0.1, 5.0, (MAML_TASKS, 1, 1))
-    phase = rng.uniform(0.0, np.pi, (MAML_TASKS, 1, 1))
-
-    def sample():
-        x = rng.uniform(-5.0, 5.0, (MAML_TASKS, MAML_SHOTS, 1))
-        return x.astype(np.float32), (amp * np.sin(x + phase)).astype(np.float32)
-
-    return (params, *sample(), *sample())
 
 
 SCAN_STEPS, SCAN_WIDTH = 100, 16
@@ -288,7 +261,7 @@ def build_cnn(ops):
 
 
 def build_maml(ops):
-    params, xs, ys, xq, yq = convert(maml_data(), ops)
+    params, xs, ys, xq, yq = convert(maml_data(2), ops)
 
     def mse(p, x, y):
         return ((mlp_forward(ops, p, x, ops.relu) - y) ** 2).mean()

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from itertools import pairwise
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +45,7 @@ import numpy as np
 
 import functx as fx
 import functx.numpy as fnp
-from _tables import render
+from _common import MAML_INNER_LR, MAML_INNER_STEPS, init_mlp, maml_data, render
 
 try:
     import torch
@@ -170,14 +169,6 @@ def leaves(tree):
 # The programs, written once for every backend.
 
 
-def init_mlp(rng, sizes):
-    params = {}
-    for i, (m, n) in enumerate(pairwise(sizes)):
-        params[f"w{i}"] = (rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32)
-        params[f"b{i}"] = (0.1 * rng.standard_normal(n)).astype(np.float32)
-    return params
-
-
 def mlp(params, x, act):
     depth = len(params) // 2
     for i in range(depth):
@@ -249,22 +240,6 @@ def hvp_of(B):
     return fn
 
 
-MAML_TASKS, MAML_SHOTS, MAML_INNER_STEPS, MAML_INNER_LR = 32, 10, 5, 0.01
-
-
-def maml_data():
-    rng = np.random.default_rng(3)
-    params = init_mlp(rng, (1, 40, 40, 1))
-    amp = rng.uniform(0.1, 5.0, (MAML_TASKS, 1, 1))
-    phase = rng.uniform(0.0, np.pi, (MAML_TASKS, 1, 1))
-
-    def sample():
-        x = rng.uniform(-5.0, 5.0, (MAML_TASKS, MAML_SHOTS, 1))
-        return x.astype(np.float32), (amp * np.sin(x + phase)).astype(np.float32)
-
-    return (params, *sample(), *sample())
-
-
 def maml_meta_grad(B):
     """Gradient of the mean post-adaptation query loss over 32 tasks, through
     5 inner SGD steps on each task's support set."""
@@ -320,7 +295,8 @@ WORKLOADS = [
     Workload("hessian sum(tanh(Wx)), n=256", lambda: hessian_data(256), hessian_of),
     Workload("hessian sum(tanh(Wx)), n=1024", lambda: hessian_data(1024), hessian_of),
     Workload("hvp sum(tanh(Wx)), n=1024", lambda: hessian_data(1024, with_vector=True), hvp_of),
-    Workload("MAML 1-40-40-1, 5 inner steps, 32 tasks", maml_data, maml_meta_grad, rtol=1e-3),
+    Workload("MAML 1-40-40-1, 5 inner steps, 32 tasks", lambda: maml_data(3), maml_meta_grad,
+             rtol=1e-3),
     Workload(f"grad of {CHAIN_OPS} sin ops on a 3-vector",
              lambda: (np.linspace(0.1, 0.9, 3, dtype=np.float32),), sin_chain_grad),
 ]

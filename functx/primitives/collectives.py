@@ -456,22 +456,23 @@ defjvp(all_gather_p, lambda t, x, **p: bind(all_gather_p, t, **p))
 defjvp(reduce_scatter_p, lambda t, x, **p: bind(reduce_scatter_p, t, **p))
 
 
-def _all_gather_transpose(ct, x, *, all_gather_dimension, axis_name, axis_index_groups,
-                          axis_size, tiled):
-    if type(ct) is Zero:
-        return [Zero(x.aval)]
-    return [bind(reduce_scatter_p, ct, scatter_dimension=all_gather_dimension,
-                 axis_name=axis_name, axis_index_groups=axis_index_groups,
-                 axis_size=axis_size, tiled=tiled)]
+def _transpose_into(other, other_dim, own_dim):
+    """all_gather and psum_scatter transpose into each other, the one's axis
+    parameter (`own_dim`) becoming the other's (`other_dim`)."""
+
+    def transpose(ct, x, **params):
+        if type(ct) is Zero:
+            return [Zero(x.aval)]
+        dim = params.pop(own_dim)
+        return [bind(other, ct, **{other_dim: dim}, **params)]
+
+    return transpose
 
 
-def _reduce_scatter_transpose(ct, x, *, scatter_dimension, axis_name, axis_index_groups,
-                              axis_size, tiled):
-    if type(ct) is Zero:
-        return [Zero(x.aval)]
-    return [bind(all_gather_p, ct, all_gather_dimension=scatter_dimension,
-                 axis_name=axis_name, axis_index_groups=axis_index_groups,
-                 axis_size=axis_size, tiled=tiled)]
+_all_gather_transpose = _transpose_into(reduce_scatter_p, "scatter_dimension",
+                                        "all_gather_dimension")
+_reduce_scatter_transpose = _transpose_into(all_gather_p, "all_gather_dimension",
+                                            "scatter_dimension")
 
 
 transpose_rules[all_gather_p] = _all_gather_transpose
