@@ -255,8 +255,10 @@ class RepeatCache(Cache):
         self.pending.clear()
 
     def info(self):
-        return {**super().info(), "counted": len(self.counts), "pending": len(self.pending),
+        info = {**super().info(), "counted": len(self.counts), "pending": len(self.pending),
                 "after": self.after}
+        del info["hits"], info["misses"]  # not counted on this hot path
+        return info
 
 
 def _build_and_compile(build):
