@@ -40,6 +40,7 @@ import numpy as np
 from jax import tree_util
 
 import functx as fx
+import xla_options
 
 NB = 3  # batch size for the vmap checks
 EPS = 1e-5  # finite-difference step (float64)
@@ -47,12 +48,10 @@ EPS = 1e-5  # finite-difference step (float64)
 # FUNCTX_FULL_SWEEP=1: every composition and batch placement for every record.
 FULL = os.environ.get("FUNCTX_FULL_SWEEP", "") not in ("", "0")
 
-COMPILER_OPTIONS = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_cpu_use_fusion_emitters": False,
+COMPILER_OPTIONS = xla_options.compile_options({
+    **xla_options.CHEAP,
     "xla_cpu_parallel_codegen_split_count": 1,
-}
+})
 
 
 def is_float(x):

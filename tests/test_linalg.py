@@ -27,6 +27,7 @@ from jax.scipy import linalg as jsl
 import functx as fx
 from functx.lifting import LIFT_RULES
 import sweep
+import xla_options
 from op_table import Op, U
 
 LL = lax.linalg
@@ -124,13 +125,9 @@ def _solve_symmetric(a, b):
 
 # Compiling the large derivative programs is most of these tests' time;
 # the comparisons need no optimised code, so XLA's CPU backend is told to
-# skip its optimisations and its (slower to compile) fusion emitters:
-# about 3x less compile time.
-_FAST_COMPILE = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_cpu_use_fusion_emitters": False,
-}
+# skip its optimisations and (where this jaxlib still has the option) its
+# slower-to-compile fusion emitters: about 3x less compile time on jax 0.10.
+_FAST_COMPILE = xla_options.compile_options(xla_options.CHEAP)
 
 
 def _compiled(fn, operands):

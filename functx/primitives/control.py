@@ -1014,13 +1014,25 @@ def _lift_cond(params):
     return cond_p, {"branches": tuple(_lifted_graph(b) for b in branches)}
 
 
+def scan_counts(params):
+    """(constants, carries) among the operands of a JAX scan equation with
+    these `params`. jax 0.10 states both counts (`num_consts`, `num_carry`);
+    from 0.11 on, `ft_in` is a flat tree of the operands in three groups,
+    constants, carries, scanned inputs, each as long as its operands."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 def _lift_scan(params):
     unroll = params.get("unroll", 1)
     if isinstance(unroll, bool):
         unroll = max(params["length"], 1) if unroll else 1
+    num_consts, num_carry = scan_counts(params)
     return scan_p, dict(body=_lifted_graph(params["jaxpr"]), length=params["length"],
                         reverse=params["reverse"], unroll=unroll,
-                        num_consts=params["num_consts"], num_carry=params["num_carry"])
+                        num_consts=num_consts, num_carry=num_carry)
 
 
 def _lift_while(params):
