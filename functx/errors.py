@@ -84,6 +84,10 @@ class CompiledCollectiveError(FunctxRuntimeError):
     """A collective over a functx.vmap axis met inside a compiled program."""
 
 
+class ChunkedCollectiveError(FunctxValueError):
+    """A collective that needs the whole batch, under vmap(chunk_size=...)."""
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

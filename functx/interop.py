@@ -240,6 +240,43 @@ def _lift_on_functx_values(fn, method=False):
     return wrapper
 
 
+# NOTE [shard_map on functx values]
+# `jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)` called on
+# functx values (inside functx.grad, vmap, jit: the user's program shards
+# its own work) is staged whole by JAX on abstract values, as a
+# custom_jvp function is, and its jaxpr's shard_map equation is replayed as
+# the foreign twin of JAX's shard_map primitive (NOTE [foreign
+# primitives]): evaluated by JAX, differentiated and batched by staging
+# jax.jvp / jax.vmap of the one equation (JAX does those in its traces'
+# methods), transposed by JAX's rule. The body runs in JAX's manual SPMD
+# mode on each device's block. functx transforms inside a shard_map body
+# need nothing: there, values are JAX tracers (functx's bind of a JAX
+# primitive lets JAX cast a device-invariant value to a varying one, as
+# jax.lax does: eval.bind_varying).
+
+
+def _shard_map_lifting(shard_map):
+    import functools
+
+    from .lifting import call_lifted
+
+    @functools.wraps(shard_map)
+    def wrapper(f=None, /, **kwargs):
+        if f is None:  # used as a decorator factory: @jax.shard_map(mesh=...)
+            return lambda g: wrapper(g, **kwargs)
+        mapped = shard_map(f, **kwargs)
+
+        @functools.wraps(mapped)
+        def call(*args, **kw):
+            if _has_functx((args, kw)):
+                return call_lifted(mapped, args, kw)
+            return mapped(*args, **kw)
+
+        return call
+
+    return wrapper
+
+
 def _closes_over_functx(params):
     """Does a jit equation's program hold functx values as constants (a
     `jax.jit` function closing over a functx value)?"""
@@ -258,6 +295,7 @@ def install():
         jit_p = None
 
     trace_ctx = jcore.trace_ctx
+    from .primitives.collectives import LIVE_NAMED as live_named
 
     def bind_hook(self, *args, **params):
         for a in args:
@@ -270,6 +308,8 @@ def install():
                     return bind_jax(self, args, params)
         if self is jit_p and _closes_over_functx(params):
             return bind_jax(self, args, params)
+        if live_named[0] and self.name in _CALLS and _names_at_this_level(params):
+            return bind_jax(self, args, params)  # NOTE [JAX collectives on functx values]
         try:
             return jax_bind(self, *args, **params)
         except TypeError as e:  # a functx autograd tensor: functx's message
@@ -324,12 +364,12 @@ def install():
         run = pjit._run_python_pjit
 
         def _run_python_pjit(p, args_flat, fun, args, kwargs):
-            for a in (*args_flat, *p.params["jaxpr"].consts):
-                if _is_local(a):
-                    out_flat = bind_jax(pjit.jit_p, args_flat, p.params)
-                    outs = jax.tree_util.tree_unflatten(p.out_tree, out_flat)
-                    return (outs, out_flat, p.out_tree, args_flat, p.params["jaxpr"],
-                            None, None, [])
+            if any(_is_local(a) for a in (*args_flat, *p.params["jaxpr"].consts)) or (
+                    live_named[0] and _names_at_this_level(p.params)):
+                out_flat = bind_jax(pjit.jit_p, args_flat, p.params)
+                outs = jax.tree_util.tree_unflatten(p.out_tree, out_flat)
+                return (outs, out_flat, p.out_tree, args_flat, p.params["jaxpr"],
+                        None, None, [])
             return run(p, args_flat, fun, args, kwargs)
 
         pjit._run_python_pjit = _run_python_pjit
@@ -375,6 +415,18 @@ def install():
     for cls in (custom_derivatives.custom_jvp, custom_derivatives.custom_vjp):
         cls.__call__ = _lift_on_functx_values(cls.__call__, method=True)
 
+    # So does a jax.shard_map function (NOTE [shard_map on functx values]).
+    try:
+        from jax._src import shard_map as shard_map_module
+
+        original = shard_map_module.shard_map
+        wrapped = _shard_map_lifting(original)
+        shard_map_module.shard_map = wrapped
+        if getattr(jax, "shard_map", None) is original:
+            jax.shard_map = wrapped
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
+        pass
+
     try:
         from jax._src import dispatch
 
@@ -390,4 +442,157 @@ def install():
         pass
 
 
+# --------------------------------------------------------------------------
+# NOTE [JAX collectives on functx values]
+# JAX's psum (and pmean, axis_size, built on it) treats any operand that is
+# not a JAX tracer as a constant and multiplies it by the size of the named
+# axis in JAX's own axis environment, before binding any primitive; and
+# axis_index has no operand for the bind hook to see. So
+# `jax.lax.psum(x, 'batch')` on a functx value (Equinox's BatchNorm, user
+# code) would never reach functx. The public collectives of `jax.lax` are
+# wrapped (`install_collectives`): with a functx value among the operands,
+# or (for axis_index and axis_size) a name bound by a functx.vmap and not
+# by JAX, the call is functx's; otherwise JAX's own function runs
+# unchanged.
+#
+# A program JAX traces inside a named functx.vmap with no functx value
+# among its operands (`jax.jit(h)(2.0)`, a jax.lax loop body, the compiled
+# graph of a functx.jit called on unbatched values) records JAX's own
+# collectives: the vmap extends JAX's axis environment with its name
+# (transforms/vmap.py). When the JAX equation holding that program (jit,
+# cond, scan, while, checkpoint, custom_jvp/vjp: `_CALLS`) is bound at the
+# vmap's level, its program names a live functx axis, and it is translated
+# (`bind_jax`) into a functx call whose graph holds functx collectives: the
+# vmap processes it (GraphCallPrimitive in primitives/collectives.py), as
+# JAX batches a jit whose program uses the vmap's axis. Binds pay for the
+# check only while a named functx.vmap runs (`LIVE_NAMED`), and only for
+# those equations.
+
+_CALLS = frozenset(("jit", "pjit", "closed_call", "core_call", "checkpoint", "remat", "remat2",
+                    "cond", "scan", "while", "custom_jvp_call", "custom_vjp_call"))
+_JAXPR_NAMES = {}  # id(jaxpr) -> (jaxpr, frozenset of axis names its collectives use)
+_JAXPR_NAMES_LIMIT = 512
+
+
+def _jaxprs(v):
+    if isinstance(v, (tuple, list)):
+        return [j for j in v if isinstance(j, (jax.extend.core.ClosedJaxpr, jcore.Jaxpr))]
+    if isinstance(v, (jax.extend.core.ClosedJaxpr, jcore.Jaxpr)):
+        return [v]
+    return []
+
+
+def _jaxpr_names(jaxpr):
+    """The axis names the collectives of `jaxpr` (and of its sub-programs)
+    name; cached per jaxpr."""
+    entry = _JAXPR_NAMES.get(id(jaxpr))
+    if entry is not None and entry[0] is jaxpr:
+        return entry[1]
+    from .primitives.collectives import CollectivePrimitive, _names
+
+    found = set()
+    inner = jaxpr.jaxpr if isinstance(jaxpr, jax.extend.core.ClosedJaxpr) else jaxpr
+    for eqn in inner.eqns:
+        fx = FROM_JAX.get(eqn.primitive)
+        if type(fx) is CollectivePrimitive:
+            found.update(_names(eqn.params[fx.axis_param]))
+        for v in eqn.params.values():
+            for sub in _jaxprs(v):
+                found.update(_jaxpr_names(sub))
+    names = frozenset(found)
+    if len(_JAXPR_NAMES) >= _JAXPR_NAMES_LIMIT:
+        _JAXPR_NAMES.clear()
+    _JAXPR_NAMES[id(jaxpr)] = (jaxpr, names)
+    return names
+
+
+def _names_at_this_level(params):
+    """Does a program among `params` name the axis of a live functx.vmap
+    whose JAX trace is the current one?"""
+    from .interpreters.batching import named_interpreter
+
+    cur = jcore.trace_ctx.trace
+    for v in params.values():
+        for j in _jaxprs(v):
+            for n in _jaxpr_names(j):
+                interp = named_interpreter(n)
+                if interp is not None and interp.jax_trace is cur:
+                    return True
+    return False
+
+
+def _has_functx_value(tree):
+    return any(type(leaf) in TRACER_TYPES for leaf in jax.tree_util.tree_leaves(tree))
+
+
+def _functx_names(axis_name, staged_by_jax=True):
+    """Does a functx.vmap bind every name of `axis_name`? (JAX's axis
+    environment holds them too while it runs: transforms/vmap.py.) With
+    `staged_by_jax=False`: and is JAX not staging a program begun inside
+    that vmap (a jax.jit function, whose jaxpr keeps JAX's collective, to
+    be translated when replayed on functx values)?"""
+    from .interpreters.batching import named_interpreter
+    from .primitives.collectives import _JaxprTrace, _names
+
+    names = _names(axis_name)
+    if not names:
+        return False
+    trace = jcore.trace_ctx.trace
+    for n in names:
+        interp = named_interpreter(n)
+        if interp is None:
+            return False
+        if (not staged_by_jax and interp.jax_trace is not trace
+                and isinstance(trace, _JaxprTrace)):
+            return False
+    return True
+
+
+def _jax_pmean(x, axis_name, *, axis_index_groups=None):
+    """jax.lax.pmean of JAX values (a jax.vmap inside a functx.vmap, as in
+    Equinox's BatchNorm) over a functx.vmap's axis: JAX's psum reaches
+    functx through the bind hook; the size is functx's."""
+    from .primitives.collectives import _check_groups, axis_size
+
+    _check_groups("pmean", axis_index_groups)
+    n = axis_size(axis_name)
+    total = jax.lax.psum._functx_original(x, axis_name)
+    return jax.tree_util.tree_map(lambda t: t / n, total)
+
+
+def _wrap_jax_collective(name, ours, by_value=True, by_names=None):
+    import functools
+
+    original = getattr(jax.lax, name, None)
+    if original is None or getattr(original, "_functx_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if (by_value and args and _has_functx_value(args[0])) or (
+                not by_value and args and _functx_names(args[0], staged_by_jax=False)):
+            return ours(*args, **kwargs)
+        if by_names is not None and len(args) > 1 and _functx_names(args[1]):
+            return by_names(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    wrapper._functx_wrapped = True
+    wrapper._functx_original = original
+    setattr(jax.lax, name, wrapper)
+
+
+def install_collectives():
+    """Wrap the collectives of jax.lax (NOTE [JAX collectives on functx
+    values]); once, when functx is imported."""
+    from .primitives import collectives as c
+
+    for name in ("psum", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
+                 "all_to_all"):
+        _wrap_jax_collective(name, getattr(c, name))
+    _wrap_jax_collective("pmean", c.pmean, by_names=_jax_pmean)
+    _wrap_jax_collective("axis_index", c.axis_index, by_value=False)
+    _wrap_jax_collective("axis_size", c.axis_size, by_value=False)
+
+
 install()
+install_collectives()

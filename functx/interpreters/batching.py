@@ -42,6 +42,7 @@ differs from the dense product only where the other operand holds infinities
 or NaNs (the dense product spreads 0 * inf = nan over the whole Jacobian row).
 """
 
+import collections
 import threading
 
 from .. import core as _core
@@ -64,12 +65,23 @@ basis_rules = {}
 collective_rules = {}
 
 
+class AxisInfo(collections.namedtuple("AxisInfo", "name spmd chunk")):
+    """What a vmap says of its axis beyond its size (None when it says
+    nothing): `name`, its axis_name (NOTE [named axes]); `spmd`, the
+    tuple of mesh axes of its spmd_axis_name (NOTE [spmd axes] in
+    transforms/vmap.py); `chunk`, `(first, full size)` when the
+    interpreter batches one chunk of a chunked named vmap. Compared by
+    value: part of the keys of batched graphs."""
+
+    __slots__ = ()
+
+
 class _RuleContext(threading.local):
-    # The axis name of the named vmap whose rule is running (None: none, or
-    # an unnamed one): a BatchInterpreter made by that rule (batch_graph,
+    # The AxisInfo of the vmap whose rule is running (None: none, or one
+    # that says nothing): a BatchInterpreter made by that rule (batch_graph,
     # the batching of control flow and custom rules) stands for the same
     # axis, so the collectives in the graphs it batches see the name.
-    axis_name = None
+    axis = None
 
 
 _rule_context = _RuleContext()
@@ -110,14 +122,21 @@ class BatchTracer(Tracer):
 class BatchInterpreter(Interpreter):
     transform = "vmap"
 
-    def __init__(self, axis_size, randomness="error", transform="vmap", axis_name=_FROM_RULE):
+    def __init__(self, axis_size, randomness="error", transform="vmap", axis_name=_FROM_RULE,
+                 axis=None):
         super().__init__()
         self.axis_size = axis_size
         self.randomness = randomness
         self.transform = transform
-        # NOTE [named axes]: vmap(axis_name=...); made inside a named vmap's
-        # rule, the interpreter batches for that vmap and takes its name
-        self.axis_name = _rule_context.axis_name if axis_name is _FROM_RULE else axis_name
+        # NOTE [named axes]: vmap(axis_name=...) (AxisInfo `axis`); made inside
+        # a named vmap's rule, the interpreter batches for that vmap and
+        # takes its AxisInfo
+        if axis_name is _FROM_RULE:
+            axis = _rule_context.axis
+        elif axis is None and axis_name is not None:
+            axis = AxisInfo(axis_name, None, None)
+        self.axis = axis
+        self.axis_name = None if axis is None else axis.name
 
     def box(self, val, bdim):
         # NOTE [escaped tracers]: also a transform's inputs
@@ -131,7 +150,7 @@ class BatchInterpreter(Interpreter):
         return check_usable(x), None  # NOTE [escaped tracers]
 
     def process(self, prim, args, params):
-        if prim.binds_axis_names:  # NOTE [named axes]
+        if prim.binds_axis_names and prim in collective_rules:  # NOTE [named axes]
             vals, dims = zip(*(self.unbox(a) for a in args)) if args else ((), ())
             return self._run_rule(collective_rules[prim], prim, self, list(vals),
                                   list(dims), params)
@@ -161,7 +180,7 @@ class BatchInterpreter(Interpreter):
                             for o, d, b in zip(out, out_dim, basis, strict=True)]
                 return BatchTracer(self, out, out_dim, basis)
         if concrete and prim not in single_program:
-            step = batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis_name)
+            step = batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis)
             if step is not None:
                 outs = (step.fn(*vals) if _core.eager_hook is None  # NOTE [profiler hook]
                         else _core.eager_hook(prim, step.fn, vals))
@@ -173,16 +192,16 @@ class BatchInterpreter(Interpreter):
         return self._run_rule(rule, prim, self.axis_size, vals, dims, params)
 
     def _run_rule(self, rule, prim, first, vals, dims, params):
-        name = self.axis_name
+        axis = self.axis
         ctx = _rule_context
-        if name is None and ctx.axis_name is None:
+        if axis is None and ctx.axis is None:
             out, out_dim = rule(first, vals, dims, **params)
         else:  # NOTE [named axes]: graphs this rule batches keep the name
-            saved, ctx.axis_name = ctx.axis_name, name
+            saved, ctx.axis = ctx.axis, axis
             try:
                 out, out_dim = rule(first, vals, dims, **params)
             finally:
-                ctx.axis_name = saved
+                ctx.axis = saved
         if prim.multiple_results:
             return [self.box(o, d) for o, d in zip(out, out_dim, strict=True)]
         return self.box(out, out_dim)
@@ -198,24 +217,24 @@ class BatchInterpreter(Interpreter):
         )
 
 
-def batch_graph(graph, axis_size, dims, bases=None, axis_name=_FROM_RULE):
+def batch_graph(graph, axis_size, dims, bases=None, axis=_FROM_RULE):
     """The graph of `graph` vmapped over inputs batched at `dims` (None: not
     batched), those with an int in `bases` being identity bases (NOTE
-    [identity bases]), the batch axis named `axis_name` (by default: that
-    of the named vmap whose rule is running, NOTE [named axes]). Returns
-    `(batched, out_dims)`. Cached on `graph`."""
-    if axis_name is _FROM_RULE:
-        axis_name = _rule_context.axis_name
+    [identity bases]), the batch axis described by the AxisInfo `axis` (by
+    default: that of the vmap whose rule is running, NOTE [named axes]).
+    Returns `(batched, out_dims)`. Cached on `graph`."""
+    if axis is _FROM_RULE:
+        axis = _rule_context.axis
     key = ("vmap", axis_size, dims) if bases is None else ("vmap", axis_size, dims, bases)
-    if axis_name is not None:
-        key += (("axis_name", axis_name),)
+    if axis is not None:
+        key += (axis,)
     cached = graph.cache.get(key)
     if cached is not None:
         return cached
     out_dims = []
 
     def fn(*args):
-        with new_interpreter(BatchInterpreter(axis_size, axis_name=axis_name)) as bi:
+        with new_interpreter(BatchInterpreter(axis_size, axis_name=None, axis=axis)) as bi:
             boxed = [bi.box(x, d) for x, d in zip(args, dims, strict=True)]
             for i, b in enumerate(bases or ()):
                 if b is not None:
@@ -243,27 +262,25 @@ _steps = RepeatCache("batched steps", after=1, limit=4096, byte_limit=384 << 20,
                      doc="eager vmap: one compiled batched program per primitive")
 
 
-def batched_step(prim, params, vals, dims, axis_size, axis_name=None):
+def batched_step(prim, params, vals, dims, axis_size, axis=None):
     """The compiled batched application of `prim`, or None (first sighting,
-    unhashable parameters, or a rule that cannot be staged). `axis_name`:
-    the vmap's (NOTE [named axes]; a graph's collectives depend on it)."""
+    unhashable parameters, or a rule that cannot be staged). `axis`: the
+    vmap's AxisInfo (NOTE [named axes]; a graph's collectives depend on it)."""
     try:
-        key = (prim, tuple(params.items()), tuple(v.aval for v in vals), dims, axis_size,
-               axis_name)
-        return _steps.get(key, lambda: _build_step(prim, params, vals, dims, axis_size,
-                                                   axis_name))
+        key = (prim, tuple(params.items()), tuple(v.aval for v in vals), dims, axis_size, axis)
+        return _steps.get(key, lambda: _build_step(prim, params, vals, dims, axis_size, axis))
     except TypeError:  # unhashable parameters
         return None
 
 
-def _build_step(prim, params, vals, dims, axis_size, axis_name=None):
+def _build_step(prim, params, vals, dims, axis_size, axis=None):
     in_avals = []
     for v, d in zip(vals, dims):
         a = aval_of(v)
         in_avals.append(a if d is None else a.update(shape=a.shape[:d] + a.shape[d + 1:]))
     try:
         graph = one_equation_graph(prim, params, in_avals)
-        batched, out_dims = batch_graph(graph, axis_size, dims, axis_name=axis_name)
+        batched, out_dims = batch_graph(graph, axis_size, dims, axis=axis)
     except FunctxError:  # no rule, or a rule that needs concrete values
         return None, None
     step = BatchedStep()

@@ -29,7 +29,10 @@ def lower_to_jax(prim):
     def impl(*args, **params):
         for a in args:
             if isinstance(a, _JaxTracer):
-                return jax_prim.bind(*args, **params)
+                try:
+                    return jax_prim.bind(*args, **params)
+                except ValueError:
+                    return bind_varying(jax_prim, args, params)
         try:
             key = tuple(params.items())
             if sized:
@@ -50,6 +53,26 @@ def lower_to_jax(prim):
     impl_rules[prim] = impl
     _PROGRAMS.append(compiled)
     return impl
+
+
+def bind_varying(jax_prim, args, params):
+    """A bind JAX refused, tried again with the operands' varying manual
+    axes matched: inside a `jax.shard_map` body (check_vma), jax.lax's
+    functions cast a value that is the same on every device (pvary) before
+    combining it with one that varies, which a bare bind does not do. Any
+    other refusal is raised as it was."""
+    from jax._src import config as jconfig
+    from jax._src import core as jcore
+
+    if not jconfig._check_vma.value:
+        raise
+    try:
+        fixed = jcore.auto_insert_reshard(*args)
+    except Exception:  # noqa: BLE001 - the original refusal is the error to show
+        fixed = args
+    if all(f is a for f, a in zip(fixed, args)):
+        raise
+    return jax_prim.bind(*fixed, **params)
 
 
 PROGRAMS_PER_PRIMITIVE = 512  # distinct parameter sets per primitive

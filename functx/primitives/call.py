@@ -14,6 +14,7 @@ from ..interpreters.batching import batch_graph
 from ..interpreters.eval import compiled, defimpl, single_program
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import transpose_graph
+from .collectives import GraphCallPrimitive
 from .common import (
     Zero,
     basis_rules,
@@ -26,7 +27,7 @@ from .common import (
     transpose_rules,
 )
 
-jit_call = defprim("jit_call", multiple_results=True)
+jit_call = defprim("jit_call", multiple_results=True, cls=GraphCallPrimitive)
 
 
 def _impl(*args, graph, name):

@@ -49,6 +49,8 @@ Nothing compiled or cached may hold a result fixed to one vmap's size:
   current size (a limitation).
 """
 
+import threading
+
 import numpy as np
 from jax._src.lax import parallel as _par
 
@@ -56,10 +58,12 @@ from jax._src.core import trace_ctx as _jax_trace_ctx
 
 from ..core import Aval, Primitive, TRACER_TYPES, Zero, aval_of, bind, interpreter_stack
 from ..core import _JaxTracer
-from ..errors import CompiledCollectiveError, FunctxValueError, UnboundAxisNameError
+from ..errors import (
+    ChunkedCollectiveError, CompiledCollectiveError, FunctxValueError, UnboundAxisNameError,
+)
 from ..interpreters.batching import BatchInterpreter, collective_rules, named_interpreter
 from ..interpreters.eval import defimpl
-from ..interpreters.staging import StagingInterpreter
+from ..interpreters.staging import StagingInterpreter, _graphs
 
 try:
     from jax._src.interpreters.partial_eval import DynamicJaxprTrace as _JaxprTrace
@@ -132,40 +136,146 @@ class CollectivePrimitive(Primitive):
     def axis_interpreter(self, top, args, params):
         value = params[self.axis_param]
         names = _names(value)
-        forced = None
         bound = False
         for name in names:
-            interp = named_interpreter(name)
-            if interp is None:
-                if top is None and any(isinstance(a, _JaxTracer) for a in args):
-                    continue  # a JAX trace's axis (jax.vmap): JAX decides
+            if named_interpreter(name) is not None:
+                bound = True
+            elif not (top is None and any(isinstance(a, _JaxTracer) for a in args)):
                 raise unbound_error(self.api, name)
-            bound = True
-            if top is None or interp.level > top.level:
-                top = forced = interp
+            # else: a JAX trace's axis (jax.vmap): JAX decides
         if bound and type(value) is not AxisNames:  # never cached (AxisNames)
             params[self.axis_param] = AxisNames(
                 value if isinstance(value, (tuple, list)) else (value,))
-        if forced is not None:
-            # No operand belongs to the named vmap or above. A staging
-            # interpreter above it (functx.jit, a control-flow body, a
-            # staged jvp) records the collective: its graph, maybe cached,
-            # must not hold a result fixed to this vmap's size.
-            for interp in reversed(interpreter_stack()):
-                if interp.level <= forced.level:
-                    break
-                if isinstance(interp, StagingInterpreter):
-                    return interp
-            if (forced.jax_trace is not _jax_trace_ctx.trace
-                    and isinstance(_jax_trace_ctx.trace, _JaxprTrace)):
-                raise CompiledCollectiveError(
-                    f"functx.lax.{self.api} over the axis {forced.axis_name!r} of a functx.vmap "
-                    "was met inside a program compiled inside that vmap (a functx.jit / "
-                    "jax.jit function or a loop body) with no operand batched by the vmap: "
-                    "the compiled program cannot depend on the vmap's batch. Pass a batched "
-                    "value to that function, or call the collective outside it."
-                )
+        return interpreter_for_names(names, top, args, self.api)
+
+
+def interpreter_for_names(names, top, args, api=None):
+    """The interpreter that must process a primitive naming the vmap axes
+    `names` (a collective, or a call of a graph holding collectives), given
+    `top`, the highest interpreter of its operands (NOTE [named axes])."""
+    forced = None
+    for name in names:
+        interp = named_interpreter(name)
+        if interp is not None and (top is None or interp.level > top.level):
+            top = forced = interp
+    if forced is None:
         return top
+    # No operand belongs to the named vmap or above. A staging interpreter
+    # above it (functx.jit, a control-flow body, a staged jvp) records the
+    # primitive: its graph, maybe cached, must not hold a result fixed to
+    # this vmap's size.
+    for interp in reversed(interpreter_stack()):
+        if interp.level <= forced.level:
+            break
+        if isinstance(interp, StagingInterpreter):
+            return interp
+    cur = _jax_trace_ctx.trace
+    if forced.jax_trace is not cur and isinstance(cur, _JaxprTrace):
+        # JAX stages a program begun inside the vmap (a jax.jit function,
+        # a jax.lax loop body, functx.jit's compiled graph) and none of the
+        # operands is functx's: JAX records its own collective (the vmap
+        # put its name in JAX's axis environment), and the JAX equation
+        # holding that program is translated to functx when it is bound
+        # at the vmap's level (NOTE [JAX collectives on functx values] in
+        # functx/interop.py), where the vmap batches it.
+        if not any(type(a) in TRACER_TYPES for a in args):
+            return None
+        what = f"functx.lax.{api}" if api else "a call of a program with collectives"
+        raise CompiledCollectiveError(
+            f"{what} over the axis {forced.axis_name!r} of a functx.vmap was met inside a "
+            "JAX program traced inside that vmap (a jax.jit function or a jax.lax loop "
+            "body) with operands of a functx transform outside the vmap and none batched "
+            "by it. Pass a value batched by the vmap to that function, or call the "
+            "collective outside it."
+        )
+    return top
+
+
+def _graph_names(graph):
+    """The vmap axis names the collectives of `graph` (and of the graphs its
+    equations hold) name; cached on the graph."""
+    names = graph.cache.get("axis names")
+    if names is None:
+        found = set()
+        for eqn in graph.eqns:
+            prim = eqn.prim
+            if type(prim) is CollectivePrimitive:
+                found.update(_names(eqn.params[prim.axis_param]))
+            elif prim.binds_axis_names:
+                found.update(names_in_params(eqn.params))
+        names = graph.cache["axis names"] = frozenset(found)
+    return names
+
+
+def names_in_params(params):
+    """The vmap axis names the collectives of the graphs among `params`
+    name (a frozenset, usually empty)."""
+    names = None
+    for v in params.values():
+        for g in _graphs(v):
+            found = _graph_names(g)
+            if found:
+                names = found if names is None else names | found
+    return names or frozenset()
+
+
+class GraphCallPrimitive(Primitive):
+    """A primitive applying staged graphs (jit_call, checkpoint_call, cond,
+    scan, while, custom rules). When a graph holds a collective over the
+    axis of a live named vmap, that vmap processes the primitive even when
+    none of its operands is batched there (NOTE [named axes]), as JAX
+    batches a jit whose program uses the vmap's axis; otherwise it is an
+    ordinary primitive (one cached lookup per bind under a transform)."""
+
+    __slots__ = ()
+    binds_axis_names = True
+
+    def axis_interpreter(self, top, args, params):
+        if not interpreter_stack():
+            return top
+        names = names_in_params(params)
+        if not names:
+            return top
+        return interpreter_for_names(names, top, args)
+
+
+# How many named functx.vmaps run now (all threads; guarded by _LIVE_LOCK):
+# while none does, JAX's binds skip the check of NOTE [JAX collectives on
+# functx values] (functx/interop.py). transforms/vmap.py counts them.
+LIVE_NAMED = [0]
+_LIVE_LOCK = threading.Lock()
+
+
+def named_vmap_running(delta):
+    with _LIVE_LOCK:
+        LIVE_NAMED[0] += delta
+
+
+def live_axes():
+    """(name, size) of the live named vmaps of this thread, innermost last:
+    part of the key of what is staged once and replayed under them
+    (functx.jit's graphs), since axis_size is a Python int there."""
+    return tuple((i.axis_name, i.axis_size) for i in interpreter_stack()
+                 if type(i) is BatchInterpreter and i.axis_name is not None)
+
+
+def full_size(interp):
+    """The size of the named axis `interp` batches: its own, or that of the
+    whole batch when it batches a chunk (vmap(chunk_size=, axis_name=))."""
+    chunk = interp.axis.chunk
+    return interp.axis_size if chunk is None else chunk[1]
+
+
+def _chunked_error(api, interp):
+    size = interp.axis.chunk[1]
+    return ChunkedCollectiveError(
+        f"functx.lax.{api} over the axis {interp.axis_name!r} of a functx.vmap with "
+        f"chunk_size smaller than its batch of {size}: a chunk holds only some of the "
+        "batch, and this collective combines values that differ across the batch. Drop "
+        "chunk_size (or make it at least the batch size) for this "
+        "function; under chunking only axis_index, axis_size, and psum / pmean / pmax / "
+        "pmin of values the same in every element are defined."
+    )
 
 
 def _collective(name, jax_prim, axis_param, api):
@@ -244,7 +354,9 @@ def _allreduce_rule(prim):
             return out, d
         _check_groups(prim.name, axis_index_groups)
         if d is None:  # the same value in every batch element
-            out = ew.mul(x, scalar_like(x, interp.axis_size)) if prim is psum_p else x
+            out = ew.mul(x, scalar_like(x, full_size(interp))) if prim is psum_p else x
+        elif interp.axis.chunk is not None:
+            raise _chunked_error(prim.name, interp)
         elif prim is psum_p:
             out = red.reduce_sum(x, (d,))
         elif prim is pmax_p:
@@ -319,7 +431,10 @@ def _axis_index_rule(interp, vals, dims, *, axis_name):
         return bind(axis_index_p, axis_name=axis_name), None
     if len(names) > 1:  # row-major index over several axes
         return _multi_axis_index(names), None
-    return st.iota(np.dtype(np.int32), interp.axis_size), 0
+    index = st.iota(np.dtype(np.int32), interp.axis_size)
+    if interp.axis.chunk is not None and interp.axis.chunk[0]:
+        index = ew.add(index, scalar_like(index, interp.axis.chunk[0]))
+    return index, 0
 
 
 def _multi_axis_index(names):
@@ -410,6 +525,8 @@ def _all_gather_rule(interp, vals, dims, *, all_gather_dimension, axis_name,
                                 x, d, params)
     _check_groups("all_gather", axis_index_groups)
     _single_name("all_gather", names, interp.axis_name)
+    if interp.axis.chunk is not None:
+        raise _chunked_error("all_gather", interp)
     n = interp.axis_size
     if d is None:
         shape = list(aval_of(x).shape)
@@ -437,6 +554,8 @@ def _reduce_scatter_rule(interp, vals, dims, *, scatter_dimension, axis_name,
                                 x, d, params)
     _check_groups("psum_scatter", axis_index_groups)
     _single_name("psum_scatter", names, interp.axis_name)
+    if interp.axis.chunk is not None:
+        raise _chunked_error("psum_scatter", interp)
     n = interp.axis_size
     if d is None:
         y = ew.mul(x, scalar_like(x, n))
@@ -491,6 +610,8 @@ def _ppermute_rule(interp, vals, dims, *, axis_name, perm):
     if interp.axis_name not in names:
         return bind(ppermute_p, x, axis_name=axis_name, perm=perm), d
     _single_name("ppermute", names, interp.axis_name)
+    if interp.axis.chunk is not None:
+        raise _chunked_error("ppermute", interp)
     n = interp.axis_size
     source = {dst: src for src, dst in perm}
     if d is None:
@@ -574,6 +695,8 @@ def _all_to_all_rule(interp, vals, dims, *, axis_name, split_axis, concat_axis,
                     concat_axis=concat_axis + (d <= concat_axis), **params), d
     _check_groups("all_to_all", axis_index_groups)
     _single_name("all_to_all", names, interp.axis_name)
+    if interp.axis.chunk is not None:
+        raise _chunked_error("all_to_all", interp)
     n = interp.axis_size
     if d is None:
         shape = aval_of(x).shape
@@ -665,7 +788,7 @@ def axis_size(axis_name):
         interp = named_interpreter(name)
         if interp is None:
             raise unbound_error("axis_size", name)
-        size *= interp.axis_size
+        size *= full_size(interp)
     return size
 
 
@@ -674,18 +797,26 @@ def pmean(x, axis_name, *, axis_index_groups=None):
     divided by the axis size."""
     _check_groups("pmean", axis_index_groups)
     names = _axis_tuple(axis_name)
-    n = axis_size(tuple(a for a in names if not isinstance(a, (int, np.integer))))
+    named = tuple(a for a in names if not isinstance(a, (int, np.integer)))
+    axis_size(named)  # unbound names raise here
 
     def one(leaf):
         s = psum(leaf, axis_name)
         a = aval_of(s)
-        count = n
+        count = 1
         for p in names:
             if isinstance(p, (int, np.integer)):
                 count *= aval_of(leaf).shape[p]
         if not (np.issubdtype(a.dtype, np.inexact) or a.dtype.name == "bfloat16"):
             s = ew.convert_element_type(s, np.dtype(np.float64) if _x64() else np.dtype(np.float32))
-        return ew.div(s, scalar_like(s, count))
+        # the axis size as a collective (psum of one), not a Python int: a
+        # graph staged inside the vmap and replayed under another size
+        # (a control-flow body cached by its code) stays right
+        if named:
+            n = bind(psum_p, scalar_like(s, count), axes=named, axis_index_groups=None)
+        else:
+            n = scalar_like(s, count)
+        return ew.div(s, n)
 
     return _tree_map(one, x)
 
@@ -793,86 +924,3 @@ def ppermute(x, axis_name, perm):
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "axis_index", "axis_size", "all_gather",
            "psum_scatter", "ppermute", "all_to_all", "UnboundAxisNameError"]
-
-
-# --------------------------------------------------------------------------
-# NOTE [JAX collectives on functx values]
-# JAX's psum (and pmean, axis_size, built on it) treats any operand that is
-# not a JAX tracer as a constant and multiplies it by the size of the named
-# axis in JAX's own axis environment, before binding any primitive; and
-# axis_index has no operand for the bind hook of functx/interop.py to see.
-# So `jax.lax.psum(x, 'batch')` on a functx value (Equinox's BatchNorm,
-# user code) would never reach functx. The public collectives of `jax.lax`
-# are wrapped: with a functx value among the operands, or (for axis_index
-# and axis_size) a name bound by a functx.vmap and not by JAX, the call is
-# functx's; otherwise JAX's own function runs unchanged.
-
-
-def _has_functx_value(tree):
-    import jax
-
-    return any(type(leaf) in TRACER_TYPES for leaf in jax.tree_util.tree_leaves(tree))
-
-
-def _functx_names(axis_name, staged_by_jax=True):
-    """Does a functx.vmap bind every name of `axis_name`? (JAX's axis
-    environment holds them too while it runs: transforms/vmap.py.) With
-    `staged_by_jax=False`: and is JAX not staging a program begun inside
-    that vmap (a jax.jit function, whose jaxpr keeps JAX's collective, to
-    be translated when replayed on functx values)?"""
-    names = _names(axis_name)
-    if not names:
-        return False
-    trace = _jax_trace_ctx.trace
-    for n in names:
-        interp = named_interpreter(n)
-        if interp is None:
-            return False
-        if (not staged_by_jax and interp.jax_trace is not trace
-                and isinstance(trace, _JaxprTrace)):
-            return False
-    return True
-
-
-def _jax_pmean(x, axis_name, *, axis_index_groups=None):
-    """jax.lax.pmean of JAX values (a jax.vmap inside a functx.vmap, as in
-    Equinox's BatchNorm) over a functx.vmap's axis: JAX's psum reaches
-    functx through the bind hook; the size is functx's."""
-    import jax
-
-    _check_groups("pmean", axis_index_groups)
-    n = axis_size(axis_name)
-    total = jax.lax.psum._functx_original(x, axis_name)
-    return jax.tree_util.tree_map(lambda t: t / n, total)
-
-
-def _wrap_jax(name, ours, by_value=True, by_names=None):
-    import functools
-
-    import jax
-
-    original = getattr(jax.lax, name, None)
-    if original is None or getattr(original, "_functx_wrapped", False):
-        return
-
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        if (by_value and args and _has_functx_value(args[0])) or (
-                not by_value and args and _functx_names(args[0], staged_by_jax=False)):
-            return ours(*args, **kwargs)
-        if by_names is not None and len(args) > 1 and _functx_names(args[1]):
-            return by_names(*args, **kwargs)
-        return original(*args, **kwargs)
-
-    wrapper._functx_wrapped = True
-    wrapper._functx_original = original
-    setattr(jax.lax, name, wrapper)
-
-
-for _name, _fn in (("psum", psum), ("pmax", pmax), ("pmin", pmin),
-                   ("all_gather", all_gather), ("psum_scatter", psum_scatter),
-                   ("ppermute", ppermute), ("all_to_all", all_to_all)):
-    _wrap_jax(_name, _fn)
-_wrap_jax("pmean", pmean, by_names=_jax_pmean)
-_wrap_jax("axis_index", axis_index, by_value=False)
-_wrap_jax("axis_size", axis_size, by_value=False)

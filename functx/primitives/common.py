@@ -27,9 +27,10 @@ __all__ = [
 ]
 
 
-def defprim(name, jax_prim=None, multiple_results=False):
-    """A primitive evaluated by the JAX primitive `jax_prim`."""
-    p = Primitive(name, jax_prim, multiple_results)
+def defprim(name, jax_prim=None, multiple_results=False, cls=Primitive):
+    """A primitive evaluated by the JAX primitive `jax_prim` (of class
+    `cls`: a Primitive subclass, e.g. collectives.GraphCallPrimitive)."""
+    p = cls(name, jax_prim, multiple_results)
     if jax_prim is not None:
         lower_to_jax(p)
     return p

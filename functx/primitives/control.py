@@ -67,6 +67,7 @@ from ..interpreters.reverse import transpose_graph
 from ..interpreters.staging import Graph, StagingTracer, Var, eval_graph, split_known, stage
 from ..lifting import LIFT_RULES, Macro, graph_of_jaxpr
 from ..lifting import ByIdentity as _ById  # a key part compared by identity
+from .collectives import GraphCallPrimitive
 from .common import (
     add_tangents,
     batch_rules,
@@ -79,9 +80,10 @@ from .common import (
     transpose_rules,
 )
 
-cond_p = defprim("cond", multiple_results=True)
-scan_p = defprim("scan", multiple_results=True)
-while_p = defprim("while", multiple_results=True)
+# GraphCallPrimitive: NOTE [named axes] (collectives in the graphs)
+cond_p = defprim("cond", multiple_results=True, cls=GraphCallPrimitive)
+scan_p = defprim("scan", multiple_results=True, cls=GraphCallPrimitive)
+while_p = defprim("while", multiple_results=True, cls=GraphCallPrimitive)
 
 _JaxTracer = jax.core.Tracer
 

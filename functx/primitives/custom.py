@@ -88,13 +88,14 @@ from .common import (
     transpose_rules,
 )
 from .call import transpose_applied_graph
+from .collectives import GraphCallPrimitive
 from .elementwise import mul
 from .reductions import reduce_sum
 
 JaxTracer = jax.core.Tracer
 
-custom_jvp_call = defprim("custom_jvp_call", multiple_results=True)
-custom_vjp_call = defprim("custom_vjp_call", multiple_results=True)
+custom_jvp_call = defprim("custom_jvp_call", multiple_results=True, cls=GraphCallPrimitive)
+custom_vjp_call = defprim("custom_vjp_call", multiple_results=True, cls=GraphCallPrimitive)
 custom_lin = defprim("custom_lin", multiple_results=True)
 
 

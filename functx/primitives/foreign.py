@@ -26,12 +26,14 @@ and the transform. Lifting (`lifting.Program`) and the bind-time translation
 import functools
 
 import jax
+import numpy as np
 from jax._src import core as jcore
 from jax._src.interpreters import ad as jax_ad
 from jax._src.interpreters import batching as jax_batching
 
 from ..core import FROM_JAX, Aval, Primitive, Zero, aval_of, is_inexact_dtype
 from ..errors import MissingRuleError
+from ..interpreters.batching import _rule_context
 from ..interpreters.eval import defimpl
 from ..lifting import call_lifted
 from .common import batch_rules, instantiate, is_linear, jvp_rules, shape_rules, transpose_rules
@@ -99,14 +101,19 @@ def _define(jax_prim):
     multiple = jax_prim.multiple_results
 
     def impl(*args, **params):
-        return jax_prim.bind(*args, **params)
+        return _bind(jax_prim, args, params)
 
     defimpl(fx, impl)
 
     def shape(*avals, **params):
         javals = [jcore.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
         try:
-            out = jax_prim.abstract_eval(*javals, **params)
+            try:
+                out = jax_prim.abstract_eval(*javals, **params)
+            except NotImplementedError:
+                if not _by_trace(jax_prim):
+                    raise
+                out = _shapes_by_trace(jax_prim, javals, params)
         except Exception as e:  # noqa: BLE001 - JAX's own rule failed: name it
             raise _missing(jax_prim, "shape inference", e) from e
         if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (set, frozenset)):
@@ -125,9 +132,11 @@ def _define(jax_prim):
     @_cached
     def jvp_fn(params, nonzero):
         rule = jax_ad.primitive_jvps.get(jax_prim)
-        if rule is None:
-            raise _missing(jax_prim, None, KeyError("JAX registers no jvp rule"))
         p = params.dict()
+        if rule is None:
+            if not _by_trace(jax_prim):
+                raise _missing(jax_prim, None, KeyError("JAX registers no jvp rule"))
+            return _jvp_by_trace(jax_prim, p, nonzero)
 
         def jvp(primals, live):
             live = iter(live)
@@ -163,12 +172,15 @@ def _define(jax_prim):
     transpose_rules[fx] = _transpose_rule(jax_prim)
 
     @_cached
-    def batch_fn(params, dims, size):
+    def batch_fn(params, dims, size, spmd):
         rule = jax_batching.fancy_primitive_batchers.get(jax_prim)
-        if rule is None:
-            raise _missing(jax_prim, "vmap", KeyError("JAX registers no batching rule"))
         p = params.dict()
-        axis = jax_batching.AxisData(None, size, None, None)
+        if rule is None:
+            if not _by_trace(jax_prim):
+                raise _missing(jax_prim, "vmap", KeyError("JAX registers no batching rule"))
+            return _batch_by_trace(jax_prim, p, dims, size, spmd)
+        # spmd: the mesh axes of vmap(spmd_axis_name=) (NOTE [spmd axes])
+        axis = jax_batching.AxisData(None, size, spmd, None)
 
         def batched(*vals):
             out, out_dims = rule(axis, vals, dims, **p)
@@ -179,13 +191,91 @@ def _define(jax_prim):
         return batched
 
     def batch_rule(size, vals, dims, **params):
-        out, out_dims = call_lifted(batch_fn(_Params(params), tuple(dims), size), tuple(vals), {})
+        axis = _rule_context.axis
+        spmd = None if axis is None else axis.spmd
+        out, out_dims = call_lifted(batch_fn(_Params(params), tuple(dims), size, spmd),
+                                    tuple(vals), {})
         out_dims = [None if d == -1 else d for d in out_dims]
         return out, (out_dims if multiple else out_dims[0])
 
     batch_rules[fx] = batch_rule
     return fx
 
+
+
+def _bind(jax_prim, args, params):
+    """Bind a JAX primitive with the parameters of its jaxpr equation (a
+    primitive holding a program, e.g. shard_map, is bound with a function
+    made of it: JAX's get_bind_params)."""
+    if "subfuns" in params:  # bind-time parameters already
+        out = jax_prim.bind(*args, **params)
+    else:
+        bind_params = jax_prim.get_bind_params(params)
+        if isinstance(bind_params, tuple):  # older JAX: (subfuns, params)
+            subfuns, bind_params = bind_params
+            out = jax_prim.bind(*subfuns, *args, **bind_params)
+        else:
+            out = jax_prim.bind(*args, **bind_params)
+    vals = getattr(out, "vals", None)  # shard_map's results come as a FlatTree
+    return list(vals) if isinstance(vals, tuple) else out
+
+
+# JAX primitives whose jvp and batching JAX does in its traces' methods
+# (process_shard_map), with no rule in its tables: functx stages JAX's
+# jax.jvp / jax.vmap of the one bind instead.
+_TRACE_METHOD_PRIMITIVES = ("shard_map",)
+
+
+def _by_trace(jax_prim):
+    return jax_prim.name in _TRACE_METHOD_PRIMITIVES
+
+
+def _shapes_by_trace(jax_prim, javals, params):
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in javals]
+    out = jax.eval_shape(lambda *xs: _bind(jax_prim, xs, params), *structs)
+    return out if jax_prim.multiple_results else out
+
+
+def _jvp_by_trace(jax_prim, p, nonzero):
+    multiple = jax_prim.multiple_results
+
+    def jvp(primals, live):
+        live = iter(live)
+        tangents = [next(live) if nz else _zero_tangent(x) for x, nz in zip(primals, nonzero)]
+        out, t_out = jax.jvp(lambda *xs: _bind(jax_prim, xs, p), tuple(primals),
+                             tuple(tangents))
+        if multiple:
+            return list(out), list(t_out)
+        return out, t_out
+
+    return jvp
+
+
+def _zero_tangent(x):
+    aval = jcore.typeof(x)
+    if is_inexact_dtype(aval.dtype):
+        return jax.numpy.zeros(aval.shape, aval.dtype)
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+def _batch_by_trace(jax_prim, p, dims, size, spmd):
+    multiple = jax_prim.multiple_results
+
+    infer = getattr(jax_batching, "infer", 0)  # JAX reports which outputs it batched
+
+    def batched(*vals):
+        result = jax.vmap(lambda *xs: _bind(jax_prim, xs, p), in_axes=tuple(dims),
+                          out_axes=infer, axis_size=size, spmd_axis_name=spmd)(*vals)
+        if infer == 0:
+            out, out_dims = result, None
+        else:
+            out, out_dims = result
+        out = list(out) if multiple else [out]
+        out_dims = [0] * len(out) if out_dims is None else (
+            list(out_dims) if multiple else [out_dims])
+        return (out if multiple else out[0]), [-1 if d is None else d for d in out_dims]
+
+    return batched
 
 
 def _transpose_rule(jax_prim):
@@ -196,9 +286,9 @@ def _transpose_rule(jax_prim):
     @_cached
     def transpose_fn(params, linear_avals):
         rule = jax_ad.primitive_transposes.get(jax_prim)
-        if rule is None:
-            raise _missing(jax_prim, "transpose", KeyError("no transpose rule"))
         p = params.dict()
+        if rule is None:
+            return _transpose_by_vjp(jax_prim, p, linear_avals)
 
         def transpose(cts, nonlinear):
             nonlinear = iter(nonlinear)
@@ -221,6 +311,35 @@ def _transpose_rule(jax_prim):
         return [o if a is not None else None for o, a in zip(out, linear_avals)]
 
     return transpose_rule
+
+
+def _transpose_by_vjp(jax_prim, p, linear_avals):
+    """The transpose of a linear equation whose JAX primitive has no entry
+    in JAX's transpose table (jax 0.11+'s `call_hi_primitive`, whose rules
+    its high-level primitive carries: JAX's reverse mode asks it through
+    `vjp_fwd` / `vjp_bwd`): JAX's vjp of the bind with respect to the
+    linear operands, the other operands fixed. The equation is linear in
+    those, so the vjp at zero is its transpose."""
+    multiple = jax_prim.multiple_results
+
+    def transpose(cts, nonlinear):
+        nonlinear = iter(nonlinear)
+        fixed = [None if a is not None else next(nonlinear) for a in linear_avals]
+
+        def linear_part(*live):
+            live = iter(live)
+            return jax_prim.bind(*[next(live) if a is not None else x
+                                   for a, x in zip(linear_avals, fixed)], **p)
+
+        zeros = [jax.numpy.zeros(a.shape, a.dtype) for a in linear_avals if a is not None]
+        try:
+            _, pullback = jax.vjp(linear_part, *zeros)
+            out = iter(pullback(list(cts) if multiple else cts[0]))
+        except Exception as e:  # noqa: BLE001 - JAX cannot transpose it either: name it
+            raise _missing(jax_prim, "transpose", e) from e
+        return [None if a is None else _materialise(next(out), a) for a in linear_avals]
+
+    return transpose
 
 
 def borrowed_transpose(fx):

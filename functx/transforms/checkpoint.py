@@ -56,11 +56,12 @@ from ..interpreters.jvp import graph_jvp_pairs, jvp_rules
 from ..interpreters.reverse import transpose_rules
 from ..interpreters.staging import Graph, Var, dce, eval_graph, shape_rules, stage
 from ..primitives.call import transpose_applied_graph
+from ..primitives.collectives import GraphCallPrimitive
 from ..primitives.common import defprim
 
 __all__ = ["checkpoint", "checkpoint_call"]
 
-checkpoint_call = defprim("checkpoint_call", multiple_results=True)
+checkpoint_call = defprim("checkpoint_call", multiple_results=True, cls=GraphCallPrimitive)
 
 
 def _impl(*args, graph, name, policy):

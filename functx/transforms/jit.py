@@ -65,7 +65,14 @@ from ..core import aval_of, bind
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.staging import stage
 from ..primitives.call import jit_call
+from ..primitives.collectives import live_axes
 from ._args import as_array, check_callable, fn_name
+
+# jax.jit's "no sharding given" (None has a meaning of its own there)
+try:
+    from jax._src.sharding_impls import UNSPECIFIED
+except ImportError:  # another JAX layout
+    UNSPECIFIED = object()
 
 
 def _as_tuple(x, what, kind, name):
@@ -443,18 +450,22 @@ def _function_part(fun, objs):
     return _weak_part(fun, objs)
 
 
-def _options_key(fun, static_argnums, static_argnames, donate_argnums, compiler_options):
-    if not (static_argnums or static_argnames or donate_argnums or compiler_options):
+def _options_key(fun, static_argnums, static_argnames, donate_argnums, compiler_options,
+                 shardings=(UNSPECIFIED, UNSPECIFIED)):
+    if not (static_argnums or static_argnames or donate_argnums or compiler_options) and (
+            shardings[0] is UNSPECIFIED and shardings[1] is UNSPECIFIED):
         return ()
     name = fn_name(fun)
     options = _check_compiler_options(compiler_options, fun)
     return (_as_tuple(static_argnums, "static_argnums", int, name),
             _as_tuple(static_argnames, "static_argnames", str, name),
             _as_tuple(donate_argnums, "donate_argnums", int, name),
-            None if options is None else tuple(sorted(options.items())))
+            None if options is None else tuple(sorted(options.items())),
+            shardings)  # (unhashable pytrees of shardings: no sharing)
 
 
-def _jitted_for(fun, static_argnums, static_argnames, donate_argnums, compiler_options):
+def _jitted_for(fun, static_argnums, static_argnames, donate_argnums, compiler_options,
+                shardings=(UNSPECIFIED, UNSPECIFIED)):
     """The Jitted of `fun` and these options: the cached one, or a new one
     (cached where `fun` can be named weakly)."""
     objs = []
@@ -462,7 +473,7 @@ def _jitted_for(fun, static_argnums, static_argnames, donate_argnums, compiler_o
     key = None
     if part is not None:
         key = (part, _options_key(fun, static_argnums, static_argnames, donate_argnums,
-                                  compiler_options))
+                                  compiler_options, shardings))
         try:
             hash(key)
         except TypeError:  # an unhashable compiler option value: no sharing
@@ -475,7 +486,7 @@ def _jitted_for(fun, static_argnums, static_argnames, donate_argnums, compiler_o
                 _cache.move_to_end(key)
                 return entry.jitted
     jitted = Jitted(fun, static_argnums, static_argnames, donate_argnums, compiler_options,
-                    shared=key is not None)
+                    shared=key is not None, shardings=shardings)
     if key is None:
         return jitted
     with _cache_lock:
@@ -540,13 +551,15 @@ class Jitted:
     # copy its __dict__, as functools.wraps does) never copy it, and a
     # Jitted wrapping another wrapper never receives theirs.
     __slots__ = ("__dict__", "__weakref__", "_compiler_options", "_donate", "_funs", "_graphs",
+                 "_in_shardings", "_out_shardings",
                  "_jit_info", "_name", "_options", "_other_jits", "_pure", "_shared", "_stateful",
                  "_stateful_by_options", "_stateful_programs", "_static_argnames",
                  "_static_argnums", "_trace_pure", "fast")
 
     def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=(),
-                 compiler_options=None, shared=False):
+                 compiler_options=None, shared=False, shardings=(UNSPECIFIED, UNSPECIFIED)):
         check_callable(fun, "jit")
+        self._in_shardings, self._out_shardings = shardings
         self._compiler_options = _check_compiler_options(compiler_options, fun)
         self._shared = shared
         self._funs = funs = _Funs()
@@ -601,8 +614,14 @@ class Jitted:
         return fn
 
     def _jit_options(self, compiler_options):
-        return dict(static_argnums=self._static_argnums, static_argnames=self._static_argnames,
-                    donate_argnums=self._donate, compiler_options=compiler_options)
+        options = dict(static_argnums=self._static_argnums,
+                       static_argnames=self._static_argnames,
+                       donate_argnums=self._donate, compiler_options=compiler_options)
+        if self._in_shardings is not UNSPECIFIED:  # NOTE [shardings of functx.jit]
+            options["in_shardings"] = self._in_shardings
+        if self._out_shardings is not UNSPECIFIED:
+            options["out_shardings"] = self._out_shardings
+        return options
 
     # -- the jax.jit path ---------------------------------------------------
 
@@ -641,18 +660,32 @@ class Jitted:
             out = self._fun(*args, **kwargs)
         return out, final.key
 
-    def _stateful_jit(self, options=None):
+    def _stateful_jit(self, options=None, args=()):
         """The jax.jit of `f` threading the generator state, compiling with
-        `options` (a dict that differs from the user's), or with the user's."""
+        `options` (a dict that differs from the user's), or with the user's.
+        `args`: the call's positional arguments (their number matters when
+        one sharding stands for each of them)."""
         key = None if options is None else tuple(sorted(options.items()))
+        shardings = {}
+        if self._in_shardings is not UNSPECIFIED:  # NOTE [shardings of functx.jit]
+            per_arg = self._in_shardings
+            if not isinstance(per_arg, (tuple, list)):
+                n = len(args) - len({i % len(args) for i in self._static_argnums
+                                     if -len(args) <= i < len(args)}) if args else 0
+                per_arg = (per_arg,) * n
+                key = (key, n)
+            shardings["in_shardings"] = (None, *per_arg)  # the state: JAX chooses
         found = self._stateful_by_options.get(key)
         if found is None:
+            if self._out_shardings is not UNSPECIFIED:
+                shardings["out_shardings"] = (self._out_shardings, None)
             found = self._stateful_by_options[key] = jax.jit(
                 self._trace_stateful,
                 static_argnums=tuple(i + 1 for i in self._static_argnums),
                 static_argnames=self._static_argnames,
                 donate_argnums=tuple(i + 1 for i in self._donate),
                 compiler_options=self._compiler_options if options is None else options,
+                **shardings,
             )
         if options is None:
             self._stateful = found
@@ -662,7 +695,7 @@ class Jitted:
         """The stateful program for this call, compiling with the options of
         NOTE [XLA:CPU's matrix-product library]; the choice is made once per
         signature (the state threading runs Python on every call anyway)."""
-        default = self._stateful_jit()
+        default = self._stateful_jit(args=args)
         if jax.default_backend() != "cpu" or not xla_cpu.top_level():
             return default
         if self._static_argnums or self._static_argnames:
@@ -682,7 +715,8 @@ class Jitted:
             options = xla_cpu.options_for(xla_cpu.sizes_in_jaxpr(traced.jaxpr.jaxpr),
                                           self._compiler_options)
             found = self._stateful_programs.put(signature, (
-                default if options is self._compiler_options else self._stateful_jit(options)))
+                default if options is self._compiler_options
+                else self._stateful_jit(options, args)))
         return found
 
     def __call__(self, *args, **kwargs):
@@ -776,7 +810,9 @@ class Jitted:
         dyn, static, rebuild = self._split(args, kwargs)
         leaves, in_tree = tree_util.tree_flatten(dyn)
         leaves = [as_array(x, f"jit({self._name})", "an argument") for x in leaves]
-        key = (in_tree, static, tuple(aval_of(x) for x in leaves))
+        # the live named vmaps' sizes: functx.lax.axis_size is a Python int
+        # in the graph (NOTE [named axes])
+        key = (in_tree, static, tuple(aval_of(x) for x in leaves), live_axes())
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._graphs.put(key, self._stage(leaves, in_tree, rebuild))
@@ -790,8 +826,19 @@ class Jitted:
         out_tree = []
 
         def flat_fun(*flat):
-            a, kw = rebuild(tree_util.tree_unflatten(in_tree, list(flat)))
-            out_leaves, tree = tree_util.tree_flatten(self._fun(*a, **kw))
+            flat = list(flat)
+            if self._in_shardings is not UNSPECIFIED:  # NOTE [shardings of functx.jit]
+                dyn_args, _ = tree_util.tree_unflatten(in_tree, flat)
+                per_leaf = _sharding_per_leaf(self._in_shardings, tuple(dyn_args), self._name,
+                                              "in_shardings")
+                flat[:len(per_leaf)] = [_constrain(x, sh) for x, sh in zip(flat, per_leaf)]
+            a, kw = rebuild(tree_util.tree_unflatten(in_tree, flat))
+            out = self._fun(*a, **kw)
+            out_leaves, tree = tree_util.tree_flatten(out)
+            if self._out_shardings is not UNSPECIFIED:
+                per_leaf = _sharding_per_leaf(self._out_shardings, out, self._name,
+                                              "out_shardings")
+                out_leaves = [_constrain(x, sh) for x, sh in zip(out_leaves, per_leaf)]
             out_tree.append(tree)
             return [as_array(x, f"jit({self._name})", "an output") for x in out_leaves]
 
@@ -844,7 +891,8 @@ def _check_compiler_options(options, fun):
     return dict(options)
 
 
-def jit(func, static_argnums=(), static_argnames=(), donate_argnums=(), compiler_options=None):
+def jit(func, static_argnums=(), static_argnames=(), donate_argnums=(), compiler_options=None,
+        in_shardings=UNSPECIFIED, out_shardings=UNSPECIFIED):
     """Compile `func` with XLA (jax.jit), whatever functx transforms it uses
     inside, and whichever it is used under.
 
@@ -874,10 +922,66 @@ def jit(func, static_argnums=(), static_argnames=(), donate_argnums=(), compiler
     staged signatures each (64), in `functx/transforms/jit.py`, whose
     `clear_cache()` empties it and `cache_info()` reports it (NOTE [one jit
     per function] there).
+
+    `in_shardings` / `out_shardings` (a `jax.sharding.Sharding`, a
+    `PartitionSpec` under `jax.set_mesh`, or a pytree prefix of the
+    positional arguments / of the outputs with those leaves) mean what
+    they mean for jax.jit: the compiled program takes and returns values
+    laid out so, and XLA partitions it over the devices. Under a functx
+    transform they become sharding constraints on the inputs and outputs
+    of the staged graph (NOTE [shardings of functx.jit]).
+
+    Example:
+      >>> step = functx.jit(functx.grad(loss), in_shardings=(replicated, by_batch))
     """
     check_callable(func, "jit")
     return _jitted_for(func, static_argnums, static_argnames, donate_argnums,
-                       compiler_options).wrapper(func)
+                       compiler_options, (in_shardings, out_shardings)).wrapper(func)
+
+
+# NOTE [shardings of functx.jit]
+# `functx.jit(f, in_shardings=, out_shardings=)` called on JAX values is a
+# jax.jit with those options (the pure and the stateful programs; the
+# generator state threaded through the latter is replicated). Called under
+# a functx transform, `f` is staged into a graph: there the shardings are
+# `jax.lax.with_sharding_constraint`s on the graph's inputs and outputs
+# (translated to functx's twin of JAX's sharding_constraint primitive, with
+# JAX's rules: NOTE [foreign primitives]), which every transform of the
+# graph keeps (the transpose of a constraint is the same constraint on the
+# cotangent; under vmap the batch dimension is left unconstrained, or put
+# on the mesh axes of vmap(spmd_axis_name=): NOTE [spmd axes]), and which
+# the outermost program hands to XLA's partitioner.
+
+
+def _is_sharding_leaf(x):
+    from jax.sharding import PartitionSpec, Sharding
+
+    return x is None or isinstance(x, (Sharding, PartitionSpec))
+
+
+def _sharding_per_leaf(shardings, tree, name, what):
+    """One sharding (or None) per leaf of `tree`, from a pytree prefix."""
+    if _is_sharding_leaf(shardings):
+        return [shardings] * len(tree_util.tree_leaves(tree))
+    per_leaf = []
+    try:
+        tree_util.tree_map(
+            lambda sh, sub: per_leaf.extend([sh] * len(tree_util.tree_leaves(sub))),
+            shardings, tree, is_leaf=_is_sharding_leaf)
+    except (ValueError, TypeError) as e:
+        raise FunctxValueError(
+            f"jit({name}, {what}=...): {what} is not a pytree prefix of the "
+            f"{'positional arguments' if what == 'in_shardings' else 'outputs'} "
+            f"({tree_util.tree_structure(tree)}). Give one sharding, or a prefix with a "
+            "sharding (or None) per part."
+        ) from e
+    return per_leaf
+
+
+def _constrain(x, sharding):
+    if sharding is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, sharding)
 
 
 def _checking_static_arguments(fn, jitted):

@@ -11,7 +11,8 @@ from jax import tree_util
 
 from ..core import Tracer, aval_of, interpreter_stack, new_interpreter
 from ..errors import FunctxTypeError, FunctxValueError
-from ..interpreters.batching import BatchInterpreter, BatchTracer
+from ..interpreters.batching import AxisInfo, BatchInterpreter, BatchTracer
+from ..primitives.collectives import named_vmap_running
 from ..primitives import structural as st
 from ..primitives.common import moveaxis
 from . import _args
@@ -152,27 +153,130 @@ def _check_batched(leaves, dims, args, call):
     return norm, size
 
 
-def _jax_axis_env(axis_name, size):
+# NOTE [spmd axes]
+# `vmap(f, spmd_axis_name='d')` maps the vmapped axis onto the mesh axis
+# 'd' (or a tuple of mesh axes), as jax.vmap(spmd_axis_name=...) does:
+# * the vmap's AxisInfo carries the names to every interpreter its rules
+#   make, and JAX's batching rules of the primitives functx borrows
+#   (NOTE [foreign primitives]: sharding_constraint, shard_map) are given
+#   them, so a `jax.lax.with_sharding_constraint` inside `f`, or a
+#   functx.jit with in_shardings / out_shardings (which constrains its
+#   graph's inputs and outputs), is batched with the batch dimension split
+#   over 'd', where an unnamed vmap leaves that dimension unconstrained;
+# * the batched inputs and outputs of the vmap get a sharding constraint
+#   splitting their batch dimension over 'd' (the other dimensions left
+#   unconstrained), so that XLA's SPMD partitioner lays the whole batched
+#   computation out along 'd'. The mesh is the one set by `jax.set_mesh`,
+#   else that of an input's NamedSharding naming those axes; with no mesh
+#   known (nothing is sharded) or a batch not divisible by the mesh axes'
+#   size, these constraints are left out: they place values, never change
+#   them.
+# On one device (or eagerly on unsharded arrays) nothing changes.
+
+
+def _spmd_names(spmd_axis_name, call):
+    if spmd_axis_name is None:
+        return None
+    names = spmd_axis_name if isinstance(spmd_axis_name, tuple) else (spmd_axis_name,)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise FunctxTypeError(
+            f"{call}: spmd_axis_name must name a mesh axis (a str such as 'data') or a "
+            f"non-empty tuple of them, got {spmd_axis_name!r}. Use the axis names of the "
+            "jax.sharding.Mesh the batch is split over."
+        )
+    return names
+
+
+def spmd_mesh(spmd, leaves, dims, call):
+    """The mesh the batch is split over (NOTE [spmd axes]): jax.set_mesh's
+    (its abstract mesh), else that of a batched input's NamedSharding
+    naming the axes `spmd`; None when there is none."""
+    from jax.sharding import NamedSharding
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        mesh = None
+        for x, d in zip(leaves, dims):
+            if d is None or isinstance(x, Tracer):
+                continue
+            try:
+                sharding = x.sharding
+            except Exception:  # noqa: BLE001 - a JAX tracer without one
+                continue
+            if isinstance(sharding, NamedSharding) and all(
+                    a in sharding.mesh.axis_names for a in spmd):
+                mesh = sharding.mesh
+                break
+        if mesh is None:
+            return None
+    missing = [a for a in spmd if a not in mesh.axis_names]
+    if missing:
+        raise FunctxValueError(
+            f"{call}: spmd_axis_name={spmd if len(spmd) > 1 else spmd[0]!r} names "
+            f"{', '.join(map(repr, missing))}, which the mesh "
+            f"{dict(zip(mesh.axis_names, mesh.axis_sizes))} does not have. Name one of its "
+            "axes, or set the mesh that has it with jax.set_mesh(mesh)."
+        )
+    return mesh
+
+
+def spmd_constrain(x, d, spmd, mesh):
+    """`x` (batched at `d`) constrained to be split along `d` over the mesh
+    axes `spmd`, its other dimensions unconstrained (NOTE [spmd axes])."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    shape = aval_of(x).shape
+    n = int(np.prod([mesh.shape[a] for a in spmd]))
+    if n == 1 or shape[d] % n:
+        return x
+    free = PartitionSpec.UNCONSTRAINED
+    spec = PartitionSpec(*([free] * d + [spmd if len(spmd) > 1 else spmd[0]]
+                           + [free] * (len(shape) - d - 1)))
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        return jax.lax.with_sharding_constraint(x, spec)  # the context's mesh
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+@contextlib.contextmanager
+def _named_axis(axis, size):
     """NOTE [named axes] (functx/primitives/collectives.py): while a named
     vmap runs, JAX's axis environment holds its name too, so JAX code that
     JAX traces inside it (a jax.jit function called on its values) may name
     the axis in collectives: its jaxpr's collectives are translated to
-    functx's when replayed on functx values."""
-    if axis_name is None:
-        return contextlib.nullcontext()
+    functx's when replayed on functx values (NOTE [JAX collectives on
+    functx values] in functx/interop.py, which counts the named vmaps
+    running)."""
+    if axis is None or axis.name is None:
+        yield
+        return
+    if axis.chunk is not None:
+        size = axis.chunk[1]
     try:
         from jax._src import core as jcore
 
-        return jcore.extend_axis_env_nd([(axis_name, size)])
+        env = jcore.extend_axis_env_nd([(axis.name, size)])
     except (ImportError, AttributeError):  # another JAX layout
-        return contextlib.nullcontext()
+        env = contextlib.nullcontext()
+    named_vmap_running(1)
+    try:
+        with env:
+            yield
+    finally:
+        named_vmap_running(-1)
 
 
 def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call,
-               bases=None, axis_name=None):
-    interp = BatchInterpreter(size, randomness, "vmap", axis_name=axis_name)
+               bases=None, axis=None):
+    interp = BatchInterpreter(size, randomness, "vmap",
+                              axis_name=None if axis is None else axis.name, axis=axis)
     bases = bases or [None] * len(leaves)
-    with _jax_axis_env(axis_name, size), new_interpreter(interp):
+    mesh = None
+    if axis is not None and axis.spmd is not None and axis.chunk is None:
+        mesh = spmd_mesh(axis.spmd, leaves, dims, call)  # NOTE [spmd axes]
+        if mesh is not None:
+            leaves = [x if d is None else spmd_constrain(x, d, axis.spmd, mesh)
+                      for x, d in zip(leaves, dims)]
+    with _named_axis(axis, size), new_interpreter(interp):
         boxed = [x if d is None else BatchTracer(interp, x, d, b)
                  for x, d, b in zip(leaves, dims, bases)]
         out = func(*tree_util.tree_unflatten(in_tree, boxed), **kwargs)
@@ -207,9 +311,12 @@ def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, 
             shape = list(aval_of(val).shape)
             kept = tuple(i for i in range(nd) if i != od)
             shape.insert(od, size)
-            results.append(st.broadcast_in_dim(val, tuple(shape), kept))
+            out = st.broadcast_in_dim(val, tuple(shape), kept)
         else:
-            results.append(moveaxis(val, bd, od))
+            out = moveaxis(val, bd, od)
+        if mesh is not None:
+            out = spmd_constrain(out, od, axis.spmd, mesh)
+        results.append(out)
     return results, out_tree, flat_out_dims
 
 
@@ -227,21 +334,22 @@ def map_over_basis(func, basis, starts, call, out_dims=0, randomness="error", ch
 
 
 def _vmap_chunked(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, call,
-                  chunk_size, starts=None, axis_name=None):
+                  chunk_size, starts=None, axis=None):
     """vmap of `func` over `leaves`, in chunks when `chunk_size` is smaller
     than the batch: a `lax.map` loop while JAX traces with no functx
-    transform around, else a Python loop. `starts`: see map_over_basis."""
+    transform around, else a Python loop. `starts`: see map_over_basis.
+    `axis`: the AxisInfo of a named or spmd vmap. A named vmap's chunks
+    run in the Python loop, each knowing its first index and the whole
+    batch's size (`AxisInfo.chunk`): axis_index, axis_size and the
+    reductions of values the same in every element are defined there, the
+    collectives that need the whole batch raise (collectives.py)."""
     if chunk_size is None or chunk_size >= size:
         outs, out_tree, _ = _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness,
-                                       out_dims, call, bases=starts, axis_name=axis_name)
+                                       out_dims, call, bases=starts, axis=axis)
         return tree_util.tree_unflatten(out_tree, outs)
-    if axis_name is not None:
-        raise FunctxValueError(
-            f"{call}: chunk_size={chunk_size} with axis_name={axis_name!r}: a collective "
-            "(functx.lax.psum, ...) over a chunked batch would see one chunk only. Drop "
-            "chunk_size (or make it at least the batch size) when the function uses "
-            "collectives, or drop axis_name."
-        )
+    if axis is not None:
+        return _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size,
+                                 randomness, out_dims, call, starts, axis)
     if randomness == "error" and not interpreter_stack() and _jax_is_tracing(leaves):
         return _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_dims,
                                call, starts)
@@ -318,7 +426,7 @@ def _chunks_as_loop(func, leaves, dims, in_tree, kwargs, size, chunk_size, out_d
 
 
 def _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size, randomness,
-                      out_dims, call, starts=None):
+                      out_dims, call, starts=None, axis=None):
     """Chunked vmap as a Python loop of chunks (eagerly, or under a functx
     transform). With `starts`, the batched leaves are identity bases
     (`map_over_basis`); chunk [lo, hi) of leaf k starts at `starts[k] - lo`."""
@@ -329,8 +437,9 @@ def _chunks_in_python(func, leaves, dims, in_tree, kwargs, size, chunk_size, ran
         stop = min(start + chunk_size, size)
         part = [x if d is None else _slice_along(x, d, start, stop) for x, d in zip(leaves, dims)]
         bases = None if starts is None else [s - start for s in starts]
+        chunk_axis = None if axis is None else axis._replace(chunk=(start, size))
         chunks.append(_vmap_once(func, part, dims, in_tree, kwargs, stop - start,
-                                 randomness, out_dims, call, bases=bases))
+                                 randomness, out_dims, call, bases=bases, axis=chunk_axis))
         if eager:
             # JAX dispatches asynchronously (on GPU the Python loop runs
             # ahead of the device) and frees a chunk's temporaries only
@@ -387,11 +496,18 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
         same result).
       axis_name: a hashable name (e.g. 'batch') for the mapped axis, which the
         collectives of functx.lax (psum, pmean, pmax, pmin, axis_index,
-        axis_size, all_gather, psum_scatter, ppermute, all_to_all) and JAX's (jax.lax.psum, ... called on
-        functx values, e.g. by Equinox's BatchNorm) reduce over, as in
-        `jax.vmap(..., axis_name=...)`. Not combinable with chunking.
-      spmd_axis_name: not supported yet (device sharding of the batch axis);
-        must be None.
+        axis_size, all_gather, psum_scatter, ppermute, all_to_all) and JAX's
+        (jax.lax.psum, ... called on functx values, e.g. by Equinox's
+        BatchNorm) reduce over, as in `jax.vmap(..., axis_name=...)`. With
+        chunk_size, only axis_index, axis_size and reductions of values the
+        same in every element are defined (the others raise
+        ChunkedCollectiveError).
+      spmd_axis_name: a mesh axis name (or tuple of them) the mapped axis is
+        split over, as in `jax.vmap(..., spmd_axis_name=...)`: sharding
+        constraints inside `func` (and functx.jit shardings) are batched
+        with the batch dimension on that mesh axis, and the batched inputs
+        and outputs are constrained to be split along it (NOTE [spmd axes]
+        in functx/transforms/vmap.py). Results are unchanged.
 
     Returns:
       The batched function.
@@ -402,12 +518,9 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
     """
     _args.check_callable(func, "vmap")
     _check_axis_name(axis_name, f"vmap({_args.fn_name(func)}, axis_name={axis_name!r})")
-    if spmd_axis_name is not None:
-        raise FunctxValueError(
-            f"vmap({_args.fn_name(func)}, spmd_axis_name={spmd_axis_name!r}): spmd_axis_name "
-            "(sharding the batch axis over a device mesh) is not supported yet. Drop it, "
-            "or use jax.vmap with jax.sharding for SPMD code."
-        )
+    spmd = _spmd_names(spmd_axis_name,
+                       f"vmap({_args.fn_name(func)}, spmd_axis_name={spmd_axis_name!r})")
+    axis = None if axis_name is None and spmd is None else AxisInfo(axis_name, spmd, None)
     check_randomness(randomness, f"vmap({_args.fn_name(func)}, randomness={randomness!r})")
     check_dims(in_dims, f"vmap({_args.fn_name(func)}, in_dims={in_dims!r})", "in_dims")
     check_dims(out_dims, f"vmap({_args.fn_name(func)}, out_dims={out_dims!r})", "out_dims")
@@ -429,6 +542,6 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
         leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
                   for x, d in zip(leaves, dims)]
         return _vmap_chunked(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims,
-                             call, chunk_size, axis_name=axis_name)
+                             call, chunk_size, axis=axis)
 
     return wrapped
