@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import functx as fx
 import functx.numpy as fnp
 from functx import caches
-from functx.interpreters import reverse
+from functx.interpreters import deferred, reverse
 
 rng = np.random.default_rng(2)
 X = jnp.asarray(rng.uniform(-1, 1, (5,)))
@@ -134,6 +134,7 @@ def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch):
     and equal to JAX's."""
     caches.wait_for_compiles()
     earlier = len(reverse._fused.pending) + len(reverse._backward.pending)  # other tests'
+    deferred._programs.clear()
     switch = sys.getswitchinterval()
     held = _HeldExecutor()
     monkeypatch.setattr(caches, "_executor", held)
@@ -155,8 +156,10 @@ def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch):
     assert pending > earlier and held.jobs
     assert sys.getswitchinterval() == min(switch, caches.SWITCH_INTERVAL)
     held.release()
-    for _ in range(2):
+    for _ in range(3):  # steps ready: now the deferred runs of them compile
         assert (_bits(grad_fn(w, X)), _bits(vmapped(w, xs))) == first
+        held.release()
+    assert deferred._programs.entries  # NOTE [deferred eager steps]: combined programs ran
     assert len(reverse._fused.pending) + len(reverse._backward.pending) <= earlier
     assert sys.getswitchinterval() == switch  # restored once the queue is empty
     want = jax.grad(per_sample(jnp))(w, X)

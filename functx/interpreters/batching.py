@@ -52,6 +52,7 @@ from ..core import (
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
 from ..caches import RepeatCache
+from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
 from .eval import compile_ahead, compiled, single_program
 from .staging import eval_graph, one_equation_graph, stage
 
@@ -98,7 +99,21 @@ def named_interpreter(axis_name):
 
 
 class BatchTracer(Tracer):
-    __slots__ = ("val", "bdim", "_aval", "basis")
+    """A batched value; `val` may be a `Pending` inside (NOTE [deferred
+    eager steps]), which reading `val` computes."""
+
+    __slots__ = ("_val", "bdim", "_aval", "basis")
+
+    @property
+    def val(self):
+        v = self._val
+        if type(v) is Pending:
+            v = self._val = v.force()
+        return v
+
+    @val.setter
+    def val(self, value):
+        self._val = value
 
     def __init__(self, interp, val, bdim, basis=None):
         self._interp = interp
@@ -113,7 +128,8 @@ class BatchTracer(Tracer):
     def aval(self):
         a = self._aval
         if a is None:
-            a = aval_of(self.val)
+            v = self._val
+            a = v.faval if type(v) is Pending else aval_of(v)
             b = self.bdim
             a = self._aval = a.update(shape=a.shape[:b] + a.shape[b + 1:])
         return a
@@ -125,6 +141,7 @@ class BatchInterpreter(Interpreter):
     def __init__(self, axis_size, randomness="error", transform="vmap", axis_name=_FROM_RULE,
                  axis=None):
         super().__init__()
+        self.queue = Queue()  # NOTE [deferred eager steps]
         self.axis_size = axis_size
         self.randomness = randomness
         self.transform = transform
@@ -157,10 +174,11 @@ class BatchInterpreter(Interpreter):
         vals = []
         dims = []
         concrete = True
+        pending = False
         bases = None
         for a in args:
             if type(a) is BatchTracer and a._interp is self:
-                v = a.val
+                v = a._val
                 dims.append(a.bdim)
                 if a.basis is not None:
                     bases = bases or [None] * len(args)
@@ -170,7 +188,12 @@ class BatchInterpreter(Interpreter):
                 dims.append(None)
             vals.append(v)
             if type(v) is not ArrayImpl:
-                concrete = False
+                if type(v) is Pending:
+                    pending = True
+                elif type(v) not in CONSTANT_TYPES:
+                    concrete = False
+        if pending and (bases is not None or not concrete):
+            vals = values(vals)
         if bases is not None and prim in basis_rules:
             done = basis_rules[prim](self.axis_size, vals, dims, bases, **params)
             if done is not None:
@@ -179,13 +202,25 @@ class BatchInterpreter(Interpreter):
                     return [self.box(o, d) if b is None else BatchTracer(self, o, d, b)
                             for o, d, b in zip(out, out_dim, basis, strict=True)]
                 return BatchTracer(self, out, out_dim, basis)
-        if concrete and prim not in single_program:
-            step = batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis)
+        if concrete:
+            # NOTE [deferred eager steps]: not while the profiler watches each
+            # step, nor for a callback, which runs when the program reaches it
+            defer = _core.eager_hook is None and not prim.effectful
+            step = (None if prim in single_program and not defer else
+                    batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis))
             if step is not None:
-                outs = (step.fn(*vals) if _core.eager_hook is None  # NOTE [profiler hook]
-                        else _core.eager_hook(prim, step.fn, vals))
-                boxed = [self.box(o, d) for o, d in zip(outs, step.out_dims)]
+                if defer:
+                    outs = self.queue.defer(step.deferred, vals)  # NOTE [deferred eager steps]
+                elif _core.eager_hook is None:
+                    outs = step.fn(*values(vals))
+                else:  # NOTE [profiler hook]
+                    outs = _core.eager_hook(prim, step.fn, values(vals))
+                boxed = [self.box(o, d) if d is not None
+                         else (o.force() if type(o) is Pending else o)
+                         for o, d in zip(outs, step.out_dims)]
                 return boxed if prim.multiple_results else boxed[0]
+        if pending:
+            vals = values(vals)
         rule = batch_rules.get(prim)
         if rule is None:
             raise missing_rule(prim, "vmap")
@@ -254,7 +289,7 @@ def batch_graph(graph, axis_size, dims, bases=None, axis=_FROM_RULE):
 
 
 class BatchedStep:
-    __slots__ = ("fn", "out_dims")
+    __slots__ = ("fn", "out_dims", "deferred")
 
 
 # (prim, params, avals, dims, size) -> BatchedStep; NOTE [bounded caches]
@@ -276,7 +311,7 @@ def batched_step(prim, params, vals, dims, axis_size, axis=None):
 def _build_step(prim, params, vals, dims, axis_size, axis=None):
     in_avals = []
     for v, d in zip(vals, dims):
-        a = aval_of(v)
+        a = input_aval(v)
         in_avals.append(a if d is None else a.update(shape=a.shape[:d] + a.shape[d + 1:]))
     try:
         graph = one_equation_graph(prim, params, in_avals)
@@ -284,6 +319,11 @@ def _build_step(prim, params, vals, dims, axis_size, axis=None):
     except FunctxError:  # no rule, or a rule that needs concrete values
         return None, None
     step = BatchedStep()
-    step.fn = compiled(batched, f"functx_vmap_{prim.name}")
     step.out_dims = out_dims
-    return step, compile_ahead(step.fn, *vals)
+    if prim in single_program:  # already one program: queued as it is, never re-wrapped
+        step.fn = lambda *args: eval_graph(batched, args)
+        step.deferred = StepOutputs(step.fn, batched)
+        return step, None
+    step.fn = compiled(batched, f"functx_vmap_{prim.name}")
+    step.deferred = StepOutputs(step.fn, batched)
+    return step, compile_ahead(step.fn, *[input_aval(v) for v in vals])

@@ -50,6 +50,7 @@ from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
 from ..caches import RepeatCache
+from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
 from .eval import compile_ahead, compiled, single_program
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
@@ -82,10 +83,36 @@ tape_observers = []
 backward_check = None
 
 
+_primal_slot = JVPTracer.__dict__["primal"]
+_raw_primal = _primal_slot.__get__
+
+
 class ReverseTracer(JVPTracer):
-    """A primal with a *linear* tangent: a tracer of the interpreter's tape."""
+    """A primal with a *linear* tangent: a tracer of the interpreter's tape.
+    The primal may be a `Pending` (NOTE [deferred eager steps]): reading
+    `primal` gives its value."""
 
     __slots__ = ()
+
+    @property
+    def primal(self):
+        p = _raw_primal(self)
+        if type(p) is Pending:
+            p = p.force()
+            _primal_slot.__set__(self, p)
+        return p
+
+    @primal.setter
+    def primal(self, value):
+        _primal_slot.__set__(self, value)
+
+    @property
+    def aval(self):
+        a = self._aval
+        if a is None:
+            p = _raw_primal(self)
+            a = self._aval = p.faval if type(p) is Pending else aval_of(p)
+        return a
 
 
 class _Tape(StagingInterpreter):
@@ -98,6 +125,7 @@ class _Tape(StagingInterpreter):
     def __init__(self, owner):
         super().__init__(owner.transform)
         self.owner = owner
+        self.pending_consts = []  # Consts holding Pendings: NOTE [deferred eager steps]
 
     @property
     def level(self):
@@ -121,7 +149,13 @@ class _Tape(StagingInterpreter):
         or constants); return its outputs as tape tracers (or constants)."""
         env = {}
         for v, a in zip(graph.inputs, args, strict=True):
-            env[v] = a.var if type(a) is StagingTracer and a._interp is self else Const(a)
+            if type(a) is StagingTracer and a._interp is self:
+                env[v] = a.var
+            elif type(a) is Pending:
+                env[v] = c = Const(a, a.faval)
+                self.pending_consts.append(c)
+            else:
+                env[v] = Const(a)
         eqns = self.eqns
         for eqn in graph.eqns:
             ins = [env[x] if type(x) is Var else x for x in eqn.inputs]
@@ -144,6 +178,7 @@ class ReverseInterpreter(JVPInterpreter):
     def __init__(self, transform="vjp"):
         super().__init__(transform)
         self.tape = _Tape(self)
+        self.queue = Queue()  # NOTE [deferred eager steps]
 
     def new_input(self, primal):
         return ReverseTracer(self, primal, self.tape.new_input(aval_of(primal)))
@@ -168,9 +203,10 @@ class ReverseInterpreter(JVPInterpreter):
     def _process(self, prim, args, params):
         primals, tangents, differentiated = [], [], []
         concrete = True
+        pending = False
         for a in args:
             if type(a) is ReverseTracer and a._interp is self:
-                p = a.primal
+                p = _raw_primal(a)
                 tangents.append(a.tangent)
                 differentiated.append(True)
             else:
@@ -179,20 +215,33 @@ class ReverseInterpreter(JVPInterpreter):
                 differentiated.append(False)
             primals.append(p)
             if type(p) is not ArrayImpl:
-                concrete = False
+                if type(p) is Pending:
+                    pending = True
+                elif type(p) not in CONSTANT_TYPES:
+                    concrete = False
         if concrete:
-            step = (None if prim in single_program
+            # NOTE [deferred eager steps]: not while a hook watches each step, nor
+            # for a callback, which runs when the Python program reaches it
+            defer = _core.eager_hook is None and not tape_observers and not prim.effectful
+            step = (None if prim in single_program and not defer
                     else fused_step(prim, params, primals, tuple(differentiated)))
             if step is not None:
                 split = step.split
-                outs = (step.primal(*primals) if _core.eager_hook is None  # NOTE [profiler hook]
-                        else _core.eager_hook(prim, step.primal, primals))
+                if defer:
+                    outs = self.queue.defer(step.deferred, primals)  # NOTE [deferred eager steps]
+                else:
+                    primals = values(primals)  # NOTE [profiler hook], NOTE [tape hooks]
+                    outs = (step.primal(*primals) if _core.eager_hook is None
+                            else _core.eager_hook(prim, step.primal, primals))
                 live = [t for t, d in zip(tangents, differentiated) if d]
                 out_tangents = iter(self.tape.inline(
                     split.tangent, split.residuals(primals, outs) + live))
-                boxed = [self.box(o, next(out_tangents)) if nz else o
+                boxed = [self.box(o, next(out_tangents)) if nz
+                         else (o.force() if type(o) is Pending else o)
                          for o, nz in zip(outs[:split.n_out], split.out_nonzero)]
                 return boxed if prim.multiple_results else boxed[0]
+        if pending:
+            primals = values(primals)
         return self.apply_rule(prim, primals, tangents, params)
 
     def release(self):
@@ -205,6 +254,10 @@ class ReverseInterpreter(JVPInterpreter):
         """The tape as a `LinearMap` from the tangents of `inputs` (this
         interpreter's tracers) to those of `outputs` (symbolic zeros where an
         output does not depend on the inputs)."""
+        self.queue.flush()  # NOTE [deferred eager steps]: the residuals on the tape
+        for c in self.tape.pending_consts:
+            c.value = c.value.force()
+        self.tape.pending_consts = []
         live = []
         zero_avals = []
         for o in outputs:
@@ -218,7 +271,7 @@ class ReverseInterpreter(JVPInterpreter):
 
 
 class FusedStep:
-    __slots__ = ("primal", "split")
+    __slots__ = ("primal", "split", "deferred")
 
 
 # (prim, params, avals, differentiated) -> FusedStep; NOTE [bounded caches]
@@ -238,14 +291,29 @@ def fused_step(prim, params, primals, differentiated):
 
 def _build_fused(prim, params, primals, differentiated):
     try:
-        split = jvp_graph(one_equation_graph(prim, params, [aval_of(p) for p in primals]),
+        split = jvp_graph(one_equation_graph(prim, params, [input_aval(p) for p in primals]),
                           differentiated)
     except FunctxError:  # a rule that needs concrete values: stay unfused
         return None, None
     step = FusedStep()
-    step.primal = compiled(split.primal, f"functx_fused_{prim.name}")
     step.split = split
-    return step, compile_ahead(step.primal, *primals)
+    if prim in single_program:  # already one program: queued as it is, never re-wrapped
+        step.primal = _evaluator(split.primal)
+        step.deferred = StepOutputs(step.primal, split.primal)
+        return step, None
+    step.primal = compiled(split.primal, f"functx_fused_{prim.name}")
+    step.deferred = StepOutputs(step.primal, split.primal)
+    return step, compile_ahead(step.primal, *[input_aval(p) for p in primals])
+
+
+def _evaluator(graph):
+    """`graph` run equation by equation (for a step that is one jit_call:
+    NOTE [deferred eager steps])."""
+
+    def run(*args):
+        return eval_graph(graph, args)
+
+    return run
 
 
 # tape structure -> compiled transpose; NOTE [bounded caches]
@@ -269,7 +337,7 @@ def compiled_backward(graph, cts):
                 ins.append(index[x])
             else:
                 v = x.value
-                if type(v) is ArrayImpl:
+                if type(v) is ArrayImpl or type(v) in CONSTANT_TYPES:
                     ins.append(-1 - len(consts))
                     consts.append(v)
                 elif type(v) in (int, float, bool):
@@ -297,10 +365,10 @@ def _compile_backward(graph, consts, cts):
     every tape with the structure of `graph`; holds no value of `graph`."""
     const_vars = {}
     for c in consts:
-        const_vars[id(c)] = Var(Aval(c.shape, c.dtype, c.weak_type))
+        const_vars[id(c)] = Var(input_aval(c))
 
     def convert(x):
-        if type(x) is Const and type(x.value) is ArrayImpl:
+        if type(x) is Const and id(x.value) in const_vars:
             return const_vars[id(x.value)]
         return x
 

@@ -1,0 +1,230 @@
+"""Deferred eager steps: many compiled steps of a transform run as one call.
+
+NOTE [deferred eager steps]
+Eagerly, once a primitive repeats, reverse mode runs it as one compiled
+*fused step* (NOTE [eager reverse mode in few dispatches]) and vmap as one
+compiled *batched step*. Each is still a JAX dispatch (~15 us on CPU, more on
+a GPU), as much as all the Python around it: a 20-op chain spends half its
+time launching programs of a few flops.
+
+So the lowest interpreter of a transform (the one whose values are concrete
+arrays) does not launch a step at once. It appends it to its `Queue` and
+boxes `Pending` outputs: placeholders with the output's aval, no value yet.
+Later steps take Pendings as inputs. The queue is run (`flush`) when:
+
+* a value is needed: reading a tracer's primal (reverse mode) or value
+  (vmap) anywhere but in the interpreter's own step path forces it -- a
+  rule that needs concrete operands, Python control flow on a value, a
+  printout, a transform's outputs, an output with no tangent;
+* reverse mode's tape is turned into its linear map (its residuals);
+* the queue holds `MAX_STEPS` steps.
+
+A flush runs every queued step, in order. The queue's structure (the steps,
+how their inputs connect, the avals of the concrete inputs, and which
+outputs are still referenced: the queue holds its Pendings weakly) is the
+key of a `RepeatCache`: the second time a structure is flushed, the steps
+are inlined into one graph whose outputs are the live Pendings, compiled on
+the compile thread (NOTE [bounded caches]); until it is ready the steps run
+one by one, as they would have without the queue. A dead output is an
+intermediate the program keeps inside, so a flush also needs less memory
+than running the steps one at a time.
+
+Results are the same either way: the combined program applies the same
+primitives to the same values (XLA:CPU does not reassociate floating-point
+arithmetic when it fuses; tests compare the two bit for bit).
+
+Nothing is deferred while a hook watches the eager steps (the profiler's
+`eager_hook`, reverse mode's tape observers): they see each step run.
+"""
+
+import weakref
+
+from jax._src import core as jcore
+
+from ..caches import RepeatCache
+from ..core import Aval, aval_of
+from ..errors import FunctxError
+from .eval import compile_ahead, compiled
+from .staging import Eqn, Graph, Var
+
+MAX_STEPS = 1024  # steps a queue holds before it runs them
+
+try:  # the typed constants JAX's own code passes (jnp.mean's divisor, ...)
+    from jax._src import literals as _literals
+
+    CONSTANT_TYPES = frozenset(getattr(_literals, n) for n in (
+        "TypedNdArray", "TypedFloat", "TypedInt", "TypedComplex") if hasattr(_literals, n))
+except ImportError:  # pragma: no cover - a JAX without them
+    CONSTANT_TYPES = frozenset()
+
+
+def input_aval(x):
+    """functx's Aval of a step's input: a concrete array, a Pending, or one
+    of JAX's typed constants (whose weak type JAX's `.aval` tells)."""
+    if type(x) is Pending:
+        return x.faval
+    if type(x) in CONSTANT_TYPES:
+        a = x.aval
+        return Aval(a.shape, a.dtype, a.weak_type)
+    return aval_of(x)
+
+
+class Pending:
+    """The output of a queued step, until its queue runs (`force`)."""
+
+    __slots__ = ("aval", "faval", "value", "queue", "index", "__weakref__")
+
+    def __init__(self, queue, index, aval, faval):
+        self.queue = queue
+        self.index = index  # position among the queue's outputs
+        self.aval = aval  # JAX's ShapedArray, equal to the computed array's .aval
+        self.faval = faval  # functx's Aval
+        self.value = None
+
+    # what compile_ahead's specs read
+    @property
+    def shape(self):
+        return self.faval.shape
+
+    @property
+    def dtype(self):
+        return self.faval.dtype
+
+    @property
+    def weak_type(self):
+        return self.faval.weak_type
+
+    def force(self):
+        v = self.value
+        if v is None:
+            self.queue.flush()
+            v = self.value
+            if v is None:  # its queue was abandoned by an exception mid-run
+                raise FunctxError(
+                    f"functx internal error: a deferred eager value "
+                    f"({self.faval.str_short()}) was lost when an earlier step failed; "
+                    "call the transform again.")
+        return v
+
+
+def value(x):
+    """`x`, or the value of a Pending (running its queue if needed)."""
+    return x.force() if type(x) is Pending else x
+
+
+def values(xs):
+    return [x.force() if type(x) is Pending else x for x in xs]
+
+
+class StepOutputs:
+    """What a queue needs of a compiled step: `fn` runs it, `graph` is what
+    it computes (inlined into a flush's program), `avals`/`favals` its
+    outputs' avals."""
+
+    __slots__ = ("fn", "graph", "avals", "favals")
+
+    def __init__(self, fn, graph):
+        self.fn = fn
+        self.graph = graph
+        self.favals = [aval for aval in _output_avals(graph)]
+        self.avals = [jcore.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
+                      for a in self.favals]
+
+
+def _output_avals(graph):
+    return [x.aval for x in graph.outputs]
+
+
+class Queue:
+    """The steps an interpreter has deferred and not run yet."""
+
+    __slots__ = ("steps", "inputs", "outs")
+
+    def __init__(self):
+        self.steps = []  # (StepOutputs, refs): ref >= 0 an earlier output, < 0 an input
+        self.inputs = []  # the concrete arrays the steps read
+        self.outs = []  # weakrefs to every Pending, in order
+
+    def defer(self, step, args):
+        """Queue `step` applied to `args` (concrete arrays or Pendings);
+        returns its outputs as Pendings."""
+        refs = []
+        for a in args:
+            if type(a) is Pending:
+                if a.value is None and a.queue is self:
+                    refs.append(a.index)
+                    continue
+                a = a.force()
+            self.inputs.append(a)
+            refs.append(-len(self.inputs))
+        self.steps.append((step, tuple(refs)))
+        outs = self.outs
+        n = len(outs)
+        pending = [Pending(self, n + k, aval, faval)
+                   for k, (aval, faval) in enumerate(zip(step.avals, step.favals))]
+        outs.extend(weakref.ref(p) for p in pending)
+        if len(self.steps) >= MAX_STEPS:
+            self.flush()
+        return pending
+
+    def flush(self):
+        """Run every queued step, giving each live Pending its value."""
+        steps = self.steps
+        if not steps:
+            return
+        inputs, outs = self.inputs, self.outs
+        self.steps, self.inputs, self.outs = [], [], []
+        live = [r() for r in outs]
+        if len(steps) == 1:
+            step, refs = steps[0]
+            _assign(live, step.fn(*[inputs[-1 - r] for r in refs]))
+            return
+        key = (tuple(steps), tuple(x.aval for x in inputs),
+               tuple(p is not None for p in live))
+        try:
+            program = _programs.get(key, lambda: _build(steps, inputs, live))
+        except TypeError:  # unhashable step parameters
+            program = None
+        if program is not None:
+            _assign([p for p in live if p is not None], program(*inputs))
+            return
+        computed = []
+        for step, refs in steps:
+            computed.extend(step.fn(*[inputs[-1 - r] if r < 0 else computed[r] for r in refs]))
+        _assign(live, computed)
+
+
+def _assign(pendings, vals):
+    for p, v in zip(pendings, vals, strict=True):
+        if p is not None:
+            p.value = v
+
+
+# queue structure -> compiled program; NOTE [bounded caches]
+_programs = RepeatCache("deferred steps", after=1, limit=1024, byte_limit=384 << 20,
+                        doc="eager transforms: one compiled program per run of queued steps "
+                            "(NOTE [deferred eager steps])")
+
+
+def _build(steps, inputs, live):
+    """The queued steps inlined into one compiled graph of the concrete
+    inputs, returning the live outputs; and its compile function."""
+    avals = [input_aval(x) for x in inputs]
+    in_vars = [Var(a) for a in avals]
+    computed = []
+    eqns = []
+    for step, refs in steps:
+        graph = step.graph
+        env = {}
+        for v, r in zip(graph.inputs, refs, strict=True):
+            env[v] = in_vars[-1 - r] if r < 0 else computed[r]
+        for eqn in graph.eqns:
+            ins = [env[x] if type(x) is Var else x for x in eqn.inputs]
+            new = [Var(o.aval) for o in eqn.outputs]
+            env.update(zip(eqn.outputs, new))
+            eqns.append(Eqn(eqn.prim, ins, new, eqn.params))
+        computed.extend(env[x] if type(x) is Var else x for x in graph.outputs)
+    outputs = [c for c, p in zip(computed, live) if p is not None]
+    program = compiled(Graph(in_vars, eqns, outputs), "functx_deferred")
+    return program, compile_ahead(program, *avals)
+

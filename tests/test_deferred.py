@@ -1,0 +1,183 @@
+"""NOTE [deferred eager steps] (functx/interpreters/deferred.py): eager
+reverse mode and vmap queue their compiled steps and run them as one
+program. Results equal JAX's and are the same bit for bit whichever way the
+steps ran; values are computed whenever Python needs one; nothing deferred
+leaks out of a transform; callbacks run where the program reaches them."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import functx as fx
+import functx.numpy as fnp
+from functx import caches
+from functx.interpreters import deferred
+
+rng = np.random.default_rng(7)
+W = jnp.asarray(rng.uniform(-1, 1, (6, 4)))
+XS = jnp.asarray(rng.uniform(-1, 1, (3, 4)))
+
+
+def mlp_loss(np_):
+    def f(w, x):
+        h = jax.nn.relu(w @ x)  # jax.nn inside: relu's comparison, jnp.mean's constant
+        return jnp.mean(np_.tanh(h) ** 2) + np_.sum(np_.sin(w)) / 3.0
+    return f
+
+
+def _bits(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+def _warm(fn, *args, calls=4):
+    """Call until the steps and the queue's program are compiled."""
+    out = None
+    for _ in range(calls):
+        out = fn(*args)
+        caches.wait_for_compiles()
+    return out
+
+
+def test_queued_steps_equal_jax_and_run_as_one_program():
+    deferred._programs.clear()
+    g = fx.grad(mlp_loss(fnp))
+    per_sample = fx.vmap(fx.grad(mlp_loss(fnp)), in_dims=(None, 0))
+    first = (_bits(g(W, XS[0])), _bits(per_sample(W, XS)))
+    _warm(g, W, XS[0])
+    _warm(per_sample, W, XS)
+    assert deferred._programs.entries, "no queue ran as one compiled program"
+    for _ in range(2):
+        assert (_bits(g(W, XS[0])), _bits(per_sample(W, XS))) == first
+    np.testing.assert_allclose(np.asarray(g(W, XS[0])),
+                               np.asarray(jax.grad(mlp_loss(jnp))(W, XS[0])), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(per_sample(W, XS)),
+        np.asarray(jax.vmap(jax.grad(mlp_loss(jnp)), in_axes=(None, 0))(W, XS)), rtol=1e-12)
+
+
+def test_python_control_flow_on_a_queued_value_gets_its_value():
+    """A branch on an intermediate value forces the queue; the branch taken
+    changes with the input, and so does the gradient (JAX cannot trace
+    this: the oracle is jax.grad of the branch taken)."""
+
+    def branch(np_, positive):
+        def fn(x):
+            y = np_.sin(x) * 2.0
+            return np_.sum(np_.exp(y)) if positive else np_.sum(y ** 3)
+        return fn
+
+    def f(x):
+        y = fnp.sin(x) * 2.0
+        if float(y.sum()) > 0:  # the concrete value of a queued result
+            return fnp.sum(fnp.exp(y))
+        return fnp.sum(y ** 3)
+
+    g = fx.grad(f)
+    for x in [XS[0], -XS[0], XS[1], -XS[1]] * 2:
+        positive = float(jnp.sum(jnp.sin(x) * 2.0)) > 0
+        np.testing.assert_allclose(np.asarray(g(x)),
+                                   np.asarray(jax.grad(branch(jnp, positive))(x)), rtol=1e-12)
+        caches.wait_for_compiles()
+
+
+def test_outputs_and_aux_of_transforms_are_arrays_never_placeholders():
+    def f(w, x):
+        h = fnp.tanh(w @ x)
+        return fnp.sum(h ** 2), {"h": h, "mask": h > 0}
+
+    for _ in range(4):
+        grad, (val, aux) = fx.grad_and_value(f, has_aux=True)(W, XS[0])
+        outs = jax.tree_util.tree_leaves(((val, aux), grad))
+        outs += jax.tree_util.tree_leaves(fx.vmap(lambda x: f(W, x))(XS))
+        outs += jax.tree_util.tree_leaves(fx.jacrev(lambda x: f(W, x)[0])(XS[0]))
+        outs += jax.tree_util.tree_leaves(fx.hessian(lambda x: f(W, x)[0])(XS[0]))
+        assert all(isinstance(o, jax.Array) for o in outs), {type(o) for o in outs}
+        caches.wait_for_compiles()
+    want = jax.value_and_grad(lambda w, x: jnp.sum(jnp.tanh(w @ x) ** 2))(W, XS[0])
+    np.testing.assert_allclose(np.asarray(val), np.asarray(want[0]), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want[1]), rtol=1e-12)
+    np.testing.assert_array_equal(np.asarray(aux["mask"]), np.asarray(aux["h"]) > 0)
+
+
+def test_a_callback_runs_where_the_program_reaches_it():
+    """Python side effects and a jax.debug.callback keep their order: the
+    callback's step is not queued behind later Python code."""
+    seen = []
+
+    def f(x):
+        y = fnp.sin(x) * 3.0
+        seen.append("before")
+        jax.debug.callback(lambda v: seen.append(("callback", float(np.sum(v)))), y)
+        seen.append("after")
+        return fnp.sum(fnp.cos(y))
+
+    g = fx.grad(f)
+    for _ in range(3):
+        seen.clear()
+        g(XS[0])
+        caches.wait_for_compiles()
+        assert [s if isinstance(s, str) else s[0] for s in seen] == ["before", "callback", "after"]
+        assert seen[1][1] == pytest.approx(float(jnp.sum(jnp.sin(XS[0]) * 3.0)), rel=1e-12)
+    batched = fx.vmap(f)
+    for _ in range(3):
+        seen.clear()
+        batched(XS)
+        caches.wait_for_compiles()
+        # under vmap, once per batch element (as jax.vmap calls it)
+        assert [s if isinstance(s, str) else s[0] for s in seen] == (
+            ["before"] + ["callback"] * len(XS) + ["after"])
+        assert sum(s[1] for s in seen[1:-1]) == pytest.approx(
+            float(jnp.sum(jnp.sin(XS) * 3.0)), rel=1e-12)
+
+
+def test_an_error_midway_leaves_no_stale_work():
+    """A function that raises after queueing steps; the next calls are
+    right."""
+
+    def f(x, fail):
+        y = fnp.exp(fnp.sin(x))
+        if fail:
+            raise ValueError("user error")
+        return fnp.sum(y * x)
+
+    g = fx.grad(f)
+    for i in range(4):
+        with pytest.raises(ValueError, match="user error"):
+            g(XS[i % 3], True)
+        got = g(XS[i % 3], False)
+        np.testing.assert_allclose(
+            np.asarray(got), np.asarray(jax.grad(lambda x: jnp.sum(jnp.exp(jnp.sin(x)) * x))(XS[i % 3])),
+            rtol=1e-12)
+        caches.wait_for_compiles()
+
+
+def test_a_queue_keeps_only_live_values():
+    """Intermediates nobody holds any more are not outputs of the queue's
+    program; those still referenced are, and get their values."""
+    q = deferred.Queue()
+
+    class Step:
+        pass
+
+    from functx.interpreters.staging import stage
+
+    graph, _ = stage(lambda x: [fnp.sin(x)], [fx.core.aval_of(XS[0])], "test")
+    step = deferred.StepOutputs(jax.jit(lambda x: [jnp.sin(x)]), graph)
+    x = XS[0]
+    kept = []
+    p = x
+    for i in range(6):
+        (p,) = q.defer(step, [p])
+        if i % 2 == 0:
+            kept.append(p)
+    live = [r() for r in q.outs]
+    assert sum(v is not None for v in live) == 4  # three kept, and the last
+    q.flush()
+    want = x
+    for i in range(6):
+        want = jnp.sin(want)
+        if i % 2 == 0:
+            np.testing.assert_array_equal(np.asarray(kept[i // 2].value), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(p.value), np.asarray(want))
