@@ -147,26 +147,47 @@ class _Tape(StagingInterpreter):
     def inline(self, graph, args):
         """Append the equations of `graph` applied to `args` (tape tracers
         or constants); return its outputs as tape tracers (or constants)."""
-        env = {}
-        for v, a in zip(graph.inputs, args, strict=True):
+        plan = graph.cache.get("inline")
+        if plan is None:
+            plan = graph.cache["inline"] = _inline_plan(graph)
+        slots = []
+        for a in args:
             if type(a) is StagingTracer and a._interp is self:
-                env[v] = a.var
-            elif type(a) is Pending:
-                env[v] = c = Const(a, a.faval)
+                slots.append(a.var)
+            elif type(a) is Pending:  # NOTE [deferred eager steps]
+                c = Const(a, a.faval)
                 self.pending_consts.append(c)
+                slots.append(c)
             else:
-                env[v] = Const(a)
+                slots.append(Const(a))
+        if len(slots) != plan[0]:
+            raise TypeError(f"functx internal error: {len(slots)} inputs for a graph of {plan[0]}")
         eqns = self.eqns
-        for eqn in graph.eqns:
-            ins = [env[x] if type(x) is Var else x for x in eqn.inputs]
-            outs = [Var(v.aval) for v in eqn.outputs]
-            env.update(zip(eqn.outputs, outs))
-            eqns.append(Eqn(eqn.prim, ins, outs, eqn.params))
+        for prim, refs, avals, params in plan[1]:
+            outs = [Var(a) for a in avals]
+            eqns.append(Eqn(prim, [slots[r] if type(r) is int else r for r in refs], outs, params))
+            slots.extend(outs)
         result = []
-        for x in graph.outputs:
-            x = env[x] if type(x) is Var else x
+        for r in plan[2]:
+            x = slots[r] if type(r) is int else r
             result.append(StagingTracer(self, x) if type(x) is Var else x.value)
         return result
+
+
+def _inline_plan(graph):
+    """`graph` with its variables numbered (inputs first, then each
+    equation's outputs in order), so `_Tape.inline` copies it without a
+    dictionary: (number of inputs, [(prim, input numbers or Consts, output
+    avals, params)], output numbers or Consts)."""
+    index = {v: i for i, v in enumerate(graph.inputs)}
+    eqn_plans = []
+    for eqn in graph.eqns:
+        refs = tuple(index[x] if type(x) is Var else x for x in eqn.inputs)
+        eqn_plans.append((eqn.prim, refs, tuple(v.aval for v in eqn.outputs), eqn.params))
+        for v in eqn.outputs:
+            index[v] = len(index)
+    outs = tuple(index[x] if type(x) is Var else x for x in graph.outputs)
+    return len(graph.inputs), tuple(eqn_plans), outs
 
 
 class ReverseInterpreter(JVPInterpreter):
