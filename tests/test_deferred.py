@@ -4,6 +4,9 @@ program. Results equal JAX's and are the same bit for bit whichever way the
 steps ran; values are computed whenever Python needs one; nothing deferred
 leaks out of a transform; callbacks run where the program reaches them."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -158,13 +161,22 @@ def test_a_queue_keeps_only_live_values():
     program; those still referenced are, and get their values."""
     q = deferred.Queue()
 
-    class Step:
-        pass
-
     from functx.interpreters.staging import stage
 
     graph, _ = stage(lambda x: [fnp.sin(x)], [fx.core.aval_of(XS[0])], "test")
-    step = deferred.StepOutputs(jax.jit(lambda x: [jnp.sin(x)]), graph)
+    made = []  # weak references to every array the step computed
+    sin = jax.jit(lambda x: [jnp.sin(x)])
+
+    alive = []  # at each step, how many earlier outputs are still held
+
+    def run(x):
+        gc.collect()
+        alive.append(sum(r() is not None for r in made))
+        out = sin(x)
+        made.append(weakref.ref(out[0]))
+        return out
+
+    step = deferred.StepOutputs(run, graph)
     x = XS[0]
     kept = []
     p = x
@@ -174,7 +186,13 @@ def test_a_queue_keeps_only_live_values():
             kept.append(p)
     live = [r() for r in q.outs]
     assert sum(v is not None for v in live) == 4  # three kept, and the last
-    q.flush()
+    del live
+    q.flush()  # a structure seen once: its steps run one by one
+    gc.collect()
+    # the dead intermediates were dropped once read, not kept to the end:
+    # when the last step runs, only the three kept outputs are held
+    assert alive == [0, 1, 2, 2, 3, 3]
+    assert [r() is not None for r in made] == [True, False, True, False, True, True]
     want = x
     for i in range(6):
         want = jnp.sin(want)

@@ -179,18 +179,31 @@ class Queue:
             step, refs = steps[0]
             _assign(live, step.fn(*[inputs[-1 - r] for r in refs]))
             return
-        key = (tuple(steps), tuple(x.aval for x in inputs),
-               tuple(p is not None for p in live))
+        mask = tuple(p is not None for p in live)
+        key = (tuple(steps), tuple(x.aval for x in inputs), mask)
         try:
-            program = _programs.get(key, lambda: _build(steps, inputs, live))
+            program = _programs.get(key, lambda: _build(steps, inputs, mask))
         except TypeError:  # unhashable step parameters
             program = None
         if program is not None:
             _assign([p for p in live if p is not None], program(*inputs))
             return
+        # one step at a time, dropping each dead output after its last reader
+        last_read = {}
+        for j, (_, refs) in enumerate(steps):
+            for r in refs:
+                if r >= 0:
+                    last_read[r] = j
+        done_at = {}
         computed = []
-        for step, refs in steps:
+        for j, (step, refs) in enumerate(steps):
+            first = len(computed)
             computed.extend(step.fn(*[inputs[-1 - r] if r < 0 else computed[r] for r in refs]))
+            for r in range(first, len(computed)):
+                if live[r] is None:
+                    done_at.setdefault(last_read.get(r, j), []).append(r)
+            for r in done_at.pop(j, ()):
+                computed[r] = None
         _assign(live, computed)
 
 
@@ -206,9 +219,10 @@ _programs = RepeatCache("deferred steps", after=1, limit=1024, byte_limit=384 <<
                             "(NOTE [deferred eager steps])")
 
 
-def _build(steps, inputs, live):
+def _build(steps, inputs, mask):
     """The queued steps inlined into one compiled graph of the concrete
-    inputs, returning the live outputs; and its compile function."""
+    inputs, returning the outputs `mask` marks live; and its compile
+    function."""
     avals = [input_aval(x) for x in inputs]
     in_vars = [Var(a) for a in avals]
     computed = []
@@ -224,7 +238,7 @@ def _build(steps, inputs, live):
             env.update(zip(eqn.outputs, new))
             eqns.append(Eqn(eqn.prim, ins, new, eqn.params))
         computed.extend(env[x] if type(x) is Var else x for x in graph.outputs)
-    outputs = [c for c, p in zip(computed, live) if p is not None]
+    outputs = [c for c, m in zip(computed, mask) if m]
     program = compiled(Graph(in_vars, eqns, outputs), "functx_deferred")
     return program, compile_ahead(program, *avals)
 
