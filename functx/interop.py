@@ -69,7 +69,7 @@ def bind_jax(prim, args, params):
     if fx is not None and name not in LIFT_RULES:
         return bind(fx, *args, **params)
     if name in _INLINE_PARAM and name not in LIFT_RULES:
-        sub = params.get(_INLINE_PARAM[name])
+        sub = params.get(_INLINE_PARAM[name], params.get("call_jaxpr"))  # (jax 0.12's composite)
         if name in _AS_CALL and isinstance(sub, jax.extend.core.ClosedJaxpr) and _eager():
             # NOTE [JAX's jit programs stay calls]
             graph = _call_graph(sub)

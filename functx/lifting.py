@@ -34,6 +34,14 @@ from .core import (
 )
 from .errors import FunctxTypeError, MissingRuleError
 
+def _inlined_program(name, params):
+    """The program of an equation that lifting inlines (`_INLINE_PARAM`)."""
+    try:
+        return params[_INLINE_PARAM[name]]
+    except KeyError:  # a release that names it otherwise (jax 0.12's composite)
+        return params["call_jaxpr"]
+
+
 _INLINE_PARAM = {
     "jit": "jaxpr",
     "pjit": "jaxpr",
@@ -46,6 +54,7 @@ _INLINE_PARAM = {
     "custom_vjp_call": "call_jaxpr",
     "custom_vjp_call_jaxpr": "fun_jaxpr",
     # lax.composite: a named call whose meaning is its decomposition
+    # (its program is `call_jaxpr` from jax 0.12 on: _inlined_program)
     "composite": "jaxpr",
 }
 
@@ -152,7 +161,7 @@ class Program:
                         self.instrs.append((fx, eqn.primitive, ins, outs, params))
                     continue
                 if name in _INLINE_PARAM:
-                    sub = eqn.params[_INLINE_PARAM[name]]
+                    sub = _inlined_program(name, eqn.params)
                     if isinstance(sub, jax.extend.core.ClosedJaxpr):
                         sub_jaxpr, sub_consts = sub.jaxpr, sub.consts
                     else:

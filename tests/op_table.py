@@ -140,6 +140,21 @@ for _name, _fn, _g0, _g1 in [
 ]:
     op(_name, _fn, [_g0, _g1], order=1 if _name.startswith("igamma") else 2)
 
+# Primitives of newer releases (log2, one_minus_square: jax 0.11.2+;
+# polynomial: 0.12+); older ones compose them, and have no records for them.
+if hasattr(lax, "log2_p"):
+    op("log2", lax.log2, [U(S, 0.3, 3.0)])
+if hasattr(lax, "one_minus_square_p"):
+    op("one_minus_square", lax.one_minus_square, [U(S)])
+if hasattr(lax, "polynomial_p"):
+    # coefficients of every broadcast: equal shape, rank 0, size-1 dims
+    op("polynomial", lambda x, a, b, c: lax.polynomial(x, [a, b, c]),
+       [U(S), U(S), U(()), U((2, 1))])
+    # past the unrolled length (8 terms) the primitive lowers to a scan
+    op("polynomial_long", lambda x, c: lax.polynomial(x, [c[i] for i in range(10)]),
+       [U(S, -1.0, 1.0), U((10,))])
+    op("polynomial_scalar_x", lambda x, a, b: lax.polynomial(x, [a, b]), [U(()), U(S), U(S)])
+
 op("polygamma", lax.polygamma, [lambda rng: np.full(S, 1.0), U(S, 0.5, 3.0)], diff=(1,))
 op("pow_int_exponent", lax.pow, [U(S, 0.3, 2.0), I(S, -2, 3)], diff=(0,))
 

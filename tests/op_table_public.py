@@ -267,6 +267,8 @@ op("jnp.mean", lambda x: jnp.mean(x, axis=1), [U(S)])
 op("jnp.max", lambda x: jnp.max(x, axis=1), [U(S)])
 op("jnp.min", lambda x: jnp.min(x, axis=0), [U(S)])
 op("jnp.amax", jnp.amax, [U(S)])
+if hasattr(jnp, "minmax"):  # jax 0.12+
+    op("jnp.minmax", lambda x: jnp.minmax(x, axis=1), [U(S)])
 op("jnp.amin", lambda x: jnp.amin(x, axis=1, keepdims=True), [U(S)])
 op("jnp.all", lambda x: jnp.all(x, axis=0), [B(S)])
 op("jnp.any", jnp.any, [B(S)])
@@ -406,6 +408,9 @@ op("jnp.indices", lambda x: x * jnp.indices((2, 3))[1], [U(S)])
 
 op("jnp.sort", lambda x: jnp.sort(x, axis=0), [U((3, 2))], simple=True)
 op("jnp.argsort", lambda x: jnp.argsort(x, descending=True), [U(S)], nondiff=True)
+if hasattr(jnp, "top_k"):  # jax 0.12+
+    op("jnp.top_k", lambda x: jnp.top_k(x, 2, axis=0)[0], [U((3, 2))])
+    op("jnp.top_k_smallest", lambda x: jnp.top_k(x, 2, mode="smallest"), [U(S)])
 op("jnp.lexsort", lambda a, b: jnp.lexsort((a, b)), [I((5,), 0, 3), I((5,), 0, 3)])
 op("jnp.partition", lambda x: jnp.partition(x, 2, axis=1), [U((2, 4))])
 op("jnp.argpartition", lambda x: jnp.argpartition(x, 1), [U((2, 4))], nondiff=True)
@@ -632,6 +637,8 @@ for _name, _gen in [
     ("factorial", Pos(S)),
 ]:
     op(f"special.{_name}", getattr(SP, _name), [_gen])
+if hasattr(SP, "erfcinv"):  # jax 0.12+
+    op("special.erfcinv", SP.erfcinv, [U(S, 0.2, 1.8)])
 op("special.gammasgn", SP.gammasgn, [Away2(S, avoid=(-1.0, -2.0))], nondiff=True)
 op("special.bernoulli", lambda x: x * SP.bernoulli(2), [U((3,))])
 op("special.bessel_jn", lambda z: SP.bessel_jn(z, v=2, n_iter=20), [Pos(S)])

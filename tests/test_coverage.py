@@ -18,13 +18,20 @@ def test_rule_status_of_known_and_unknown_primitives():
     # a primitive seen only without operands is never differentiated or batched
     status = coverage.rule_status("iota", operand_free=True)
     assert status["eval"] is True and all(status.values())
+    # jax 0.11+'s high-level primitives run with their own rules (foreign.py)
+    assert all("foreign" in v for v in coverage.rule_status("call_hi_primitive").values())
 
 
 def test_declared_names_are_public_functions():
+    import jax
+
+    # type annotations are not functions, whatever typing makes of them
+    assert not {"PrecisionLike", "DotDimensionNumbers"} & set(coverage.public_functions(jax.lax))
     for table in (coverage.NOT_TRACEABLE, coverage.OVERRIDES):
         for ns, entries in table.items():
             public = set(coverage.public_functions(coverage.ALL_NAMESPACES[ns]))
-            assert set(entries) <= public, (ns, set(entries) - public)
+            absent = set(entries) - public
+            assert absent <= set(coverage.NOT_IN_EVERY_RELEASE.get(ns, {})), (ns, absent)
 
 
 def test_a_namespace_traces_and_reports():

@@ -55,6 +55,7 @@ import threading
 import weakref
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -940,7 +941,7 @@ def _param_key(v):
         return (t, v.hex())
     if t is complex:
         return (t, v.real.hex(), v.imag.hex())
-    if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+    if isinstance(v, (jax.extend.core.ClosedJaxpr, jcore.Jaxpr)):  # (one class from jax 0.11)
         return _jaxpr_key(v)
     if isinstance(v, (tuple, list)):
         return (t,) + tuple(_param_key(x) for x in v)
@@ -965,7 +966,7 @@ def _jaxpr_key(closed):
     bodies by structure])."""
     from jax._src import core as jcore
 
-    if isinstance(closed, jcore.ClosedJaxpr):
+    if isinstance(closed, jax.extend.core.ClosedJaxpr):
         jaxpr, consts = closed.jaxpr, closed.consts
     else:
         jaxpr, consts = closed, ()

@@ -680,8 +680,13 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
     for i, names in enumerate(operands):
         for name in names:
             index.setdefault(id(name), i)
+    constvars, invars = list(jaxpr.constvars), list(jaxpr.invars)
+    if len(constvars) != len(consts):
+        # jax 0.11+ (Jaxpr and ClosedJaxpr are one class): a jaxpr traced
+        # with its constants returned beside it takes them as leading inputs
+        constvars, invars = invars[:len(consts)], invars[len(consts):]
     kept_vars, kept, moved, tracers, picks = [], [], [], [], []
-    for v, c in zip(jaxpr.constvars, consts, strict=True):
+    for v, c in zip(constvars, consts, strict=True):
         if not isinstance(c, jcore.Tracer):
             kept_vars.append(v)
             kept.append(c)
@@ -702,9 +707,9 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
         picks.append(i)
     info = jaxpr.debug_info
     if info is not None and info.arg_names is not None:
-        info = info._replace(arg_names=("",) * len(moved) + tuple(info.arg_names))
-    jaxpr = jaxpr.replace(constvars=kept_vars, invars=moved + list(jaxpr.invars),
-                          debug_info=info)
+        names = tuple(info.arg_names)[len(info.arg_names) - len(invars):]  # of `invars`
+        info = info._replace(arg_names=("",) * len(moved) + names)
+    jaxpr = jaxpr.replace(constvars=kept_vars, invars=moved + invars, debug_info=info)
     in_tracers = tracers + [None] * (len(jaxpr.invars) - len(moved))
     return jax.extend.core.ClosedJaxpr(jaxpr, kept), tuple(picks), in_tracers
 
@@ -787,18 +792,26 @@ class _LiftedVJPRule:
         pruned, outs = iter(results[:n_res]), results[n_res:]
         res = [next(pruned) if f is None else args[f] for f in self.forwards]
         if self.carried is None:  # learn which inputs bwd reads
-            self._bwd_graph(tuple(aval_of(r) for r in res)
-                            + tuple(_ct_aval(aval_of(o)) for o in outs))
+            try:
+                self._bwd_graph(tuple(aval_of(r) for r in res)
+                                + tuple(_ct_aval(aval_of(o)) for o in outs))
+            except Exception:  # noqa: BLE001 - refused for these guessed cotangents
+                # (jax 0.12 under jax.vmap: nonzero ones for outputs shared
+                # across the batch, NOTE [zero cotangents to JAX's bwd]); the
+                # real call traces bwd again: carry every input for it
+                if not _BWD_TAKES_SYMBOLIC_ZEROS:
+                    raise
+                self.carried = tuple(range(len(args)))
         return outs, res + [args[i] for i in self.carried], None
 
-    def _bwd_graph(self, avals):
+    def _bwd_graph(self, avals, zero_cts=()):
         """JAX's bwd on inputs of `avals` (residuals, cotangents) as a
         Graph taking first the carried inputs it reads, which of those
         (`slots`, positions in `carried`), and which of its results are
         symbolic zeros (not outputs of the graph)."""
         from jax._src import ad_util
 
-        hit = self.bwd_graphs.get(avals)
+        hit = self.bwd_graphs.get((avals, zero_cts))
         if hit is None:
             zeros = []
 
@@ -807,7 +820,13 @@ class _LiftedVJPRule:
             def flat(*xs):
                 xs = [x if k >= len(literals) or literals[k] is _NOT_LITERAL else literals[k]
                       for k, x in enumerate(xs)]
+                first_ct = len(xs) - len(zero_cts)
+                for j, z in enumerate(zero_cts):
+                    if z:
+                        xs[first_ct + j] = _jax_symbolic_zero(avals[first_ct + j])
                 out = self.jax_bwd_fun.call_wrapped(*xs)
+                if isinstance(out, tuple):  # jax 0.12: (cotangents, bwd's log entries)
+                    out = out[0]
                 zeros[:] = [isinstance(c, ad_util.Zero) for c in out]
                 return [c for c in out if not isinstance(c, ad_util.Zero)]
 
@@ -825,17 +844,49 @@ class _LiftedVJPRule:
                     "function as an argument, or write it with functx.custom_vjp."
                 )
             slots = tuple(self.carried.index(i) for i in picks)
-            hit = self.bwd_graphs[avals] = (_graph_of(closed, tracers), slots, list(zeros))
+            hit = self.bwd_graphs[avals, zero_cts] = (_graph_of(closed, tracers), slots,
+                                                      list(zeros))
         return hit
 
     def bwd(self, res_tree, res, cts):
+        # NOTE [zero cotangents to JAX's bwd]: where JAX's bwd takes symbolic
+        # zeros (it instantiates them itself for a rule that wants arrays),
+        # a zero cotangent goes in as one, as JAX's reverse mode does: under
+        # jax.vmap, bwd tells shared primal outputs from a batch by them.
+        zero_cts = tuple(type(c) is Zero for c in cts) if _BWD_TAKES_SYMBOLIC_ZEROS else ()
         cts = [tangent_value(c, c.aval) if type(c) is Zero else c for c in cts]
         n_res = len(res) - len(self.carried)
         res, carried = list(res[:n_res]), list(res[n_res:])
         args = res + cts
-        graph, slots, zeros = self._bwd_graph(tuple(aval_of(x) for x in args))
+        graph, slots, zeros = self._bwd_graph(tuple(aval_of(x) for x in args), zero_cts)
         out = iter(eval_graph(graph, [carried[j] for j in slots] + args))
         return [Zero(a) if z else _real_ct(next(out), a) for z, a in zip(zeros, self.primal_avals)]
+
+
+def _bwd_takes_symbolic_zeros():
+    """Whether JAX's flattened custom_vjp bwd instantiates symbolic-zero
+    cotangents itself for a rule defined without symbolic_zeros (jax 0.12:
+    its `_flatten_bwd` takes that flag); 0.10's passes them to the rule."""
+    try:
+        import inspect
+
+        from jax._src import custom_derivatives
+
+        fn = custom_derivatives._flatten_bwd  # (in a partial: a linear_util transformation)
+        return any("symbolic_zeros" in inspect.signature(f).parameters
+                   for f in (fn, *getattr(fn, "args", ())) if callable(f))
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+
+
+_BWD_TAKES_SYMBOLIC_ZEROS = _bwd_takes_symbolic_zeros()
+
+
+def _jax_symbolic_zero(aval):
+    from jax._src import core as jcore
+    from jax._src.custom_derivatives import SymbolicZero
+
+    return SymbolicZero(jcore.ShapedArray(aval.shape, aval.dtype))
 
 
 _NOT_LITERAL = object()

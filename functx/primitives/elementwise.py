@@ -7,6 +7,7 @@ Each primitive is followed by its rules. Binary primitives follow lax
 broadcasting (equal ranks with size-1 dimensions, or rank-0 operands).
 """
 
+import functools
 import math
 
 import jax
@@ -38,6 +39,7 @@ from .common import (
     nary_shape,
     predicate_shape,
     same_aval,
+    scalar_constant,
     scalar_like,
     shape_rules,
     transpose_rules,
@@ -226,27 +228,53 @@ square = _plain(square_p)
 defjvp(square_p, lambda t, x: mul(t, mul(scalar_like(x, 2), x)))
 
 
-def _weights(x, y, strict, tie, out):
+@functools.cache
+def jax_derivative_is_weak(name, dtype):
+    """Whether JAX's own jvp of the primitive `name` gives weakly typed
+    scalars of `dtype` a weakly typed tangent. jax 0.12 made those of max,
+    min, erf and erfc strongly typed (0.10's are weak); functx's rules for
+    them follow the JAX installed (NOTE [weak types in rules] in common.py).
+    Asked once per dtype, abstractly."""
+    fn = {"max": lambda x: lax.max(x, x), "min": lambda x: lax.min(x, x),
+          "erf": lax.erf, "erfc": lax.erfc}[name]
+    weak = jax.ShapeDtypeStruct((), dtype, weak_type=True)
+    try:
+        return bool(jax.eval_shape(lambda x: jax.jvp(fn, (x,), (x,))[1], weak).weak_type)
+    except Exception:  # noqa: BLE001 - JAX does not differentiate it at `dtype`: keep the weak type
+        return True
+
+
+def _rule_const(x, value, name):
+    """`scalar_like(x, value)`, strongly typed where JAX's rule for the
+    primitive `name` is (`jax_derivative_is_weak`)."""
+    dtype, weak = aval_of(x).dtype, aval_of(x).weak_type
+    return scalar_constant(value, dtype, weak and jax_derivative_is_weak(name, dtype))
+
+
+def _weights(x, y, strict, tie, out, name):
     """Where each operand wins in max/min: 1, 0.5 on ties, 0 otherwise;
-    with the output's dtype and weak type."""
-    w = convert_like(strict(x, y), out)
-    return add(w, mul(convert_like(tie(x, y), out), scalar_like(out, 0.5)))
+    with the output's dtype and weak type (strong where JAX's are)."""
+    like = aval_of(out)
+    if like.weak_type and not jax_derivative_is_weak(name, like.dtype):
+        like = like.update(weak_type=False)
+    w = convert_like(strict(x, y), like)
+    return add(w, mul(convert_like(tie(x, y), like), _rule_const(out, 0.5, name)))
 
 
 max_p = _binary("max", lax.max_p)
 max = _plain(max_p)
 defjvp_out(
     max_p,
-    lambda t, out, x, y: mul(t, _weights(x, y, gt, eq, out)),
-    lambda t, out, x, y: mul(t, _weights(y, x, gt, eq, out)),
+    lambda t, out, x, y: mul(t, _weights(x, y, gt, eq, out, "max")),
+    lambda t, out, x, y: mul(t, _weights(y, x, gt, eq, out, "max")),
 )
 
 min_p = _binary("min", lax.min_p)
 min = _plain(min_p)
 defjvp_out(
     min_p,
-    lambda t, out, x, y: mul(t, _weights(x, y, lt, eq, out)),
-    lambda t, out, x, y: mul(t, _weights(y, x, lt, eq, out)),
+    lambda t, out, x, y: mul(t, _weights(x, y, lt, eq, out, "min")),
+    lambda t, out, x, y: mul(t, _weights(y, x, lt, eq, out, "min")),
 )
 
 atan2_p = _binary("atan2", lax.atan2_p)
@@ -319,6 +347,50 @@ defjvp(log_p, lambda t, x, **p: div(t, x))
 
 log1p_p = _unary("log1p", lax.log1p_p)
 defjvp(log1p_p, lambda t, x, **p: div(t, add(x, scalar_like(x, 1))))
+
+# Newer JAX releases have primitives for log2 and 1 - x^2 (jax 0.11.2+) and
+# for polynomials (0.12+): jnp.log2, the derivatives of asin / acos / atanh,
+# jnp.polyval and special functions emit them. Older releases compose these
+# from other primitives, which functx has anyway.
+if hasattr(lax, "log2_p"):
+    log2_p = _unary("log2", lax.log2_p)
+    defjvp(log2_p, lambda t, x, **p: div(t, mul(x, scalar_like(x, math.log(2.0)))))
+
+if hasattr(lax, "one_minus_square_p"):
+    one_minus_square_p = _unary("one_minus_square", lax.one_minus_square_p)
+    defjvp(one_minus_square_p, lambda t, x: mul(t, mul(scalar_like(x, -2), x)))
+
+if hasattr(lax, "polynomial_p"):
+    # polynomial(x, c_0, ..., c_n) = c_0 + c_1 x + ... + c_n x^n (Horner),
+    # its operands broadcast as lax's n-ary operations do.
+    polynomial_p = _binary("polynomial", lax.polynomial_p)
+
+    def _polynomial(x, coeffs, **params):
+        if len(coeffs) == 1:  # the primitive takes two or more coefficients
+            return coeffs[0]
+        return bind(polynomial_p, x, *coeffs, **params)
+
+    def _polynomial_jvp(primals, tangents, **params):
+        x, *coeffs = primals
+        out = bind(polynomial_p, *primals, **params)
+        # d/dx: the derivative polynomial; d/dc_k: x^k (linear in the
+        # coefficients' tangents, so reverse mode transposes mul, not this)
+        terms = []
+        if type(tangents[0]) is not Zero:
+            slopes = [mul(scalar_like(c, k), c) for k, c in enumerate(coeffs[1:], 1)]
+            terms.append(mul(tangents[0], _polynomial(x, slopes, **params)))
+        for k, t in enumerate(tangents[1:]):
+            if type(t) is not Zero:
+                terms.append(t if k == 0 else mul(t, integer_pow(x, k)))
+        if not terms:
+            return out, Zero.of(out)
+        shape = aval_of(out).shape
+        total = broadcast_to_shape(terms[0], shape)
+        for term in terms[1:]:
+            total = add_any(total, broadcast_to_shape(term, shape))
+        return out, total
+
+    jvp_rules[polynomial_p] = _polynomial_jvp
 
 expm1_p = _unary("expm1", lax.expm1_p)
 defjvp_out(expm1_p, lambda t, out, x, **p: mul(t, add(out, scalar_like(out, 1))))
@@ -398,13 +470,14 @@ defjvp(atanh_p, lambda t, x: div(t, sub(scalar_like(x, 1), square(x))))
 erf_p = _unary("erf", lax.erf_p)
 defjvp(
     erf_p,
-    lambda t, x: mul(t, mul(scalar_like(x, 2.0 / math.sqrt(math.pi)), exp(neg(square(x))))),
+    lambda t, x: mul(t, mul(_rule_const(x, 2.0 / math.sqrt(math.pi), "erf"), exp(neg(square(x))))),
 )
 
-erfc_p = _unary("erfc", lax.erfc_p)
+erfc_p = _unary("erfc", lax.erfc_p)  # (jax 0.12 gives it an `accuracy` parameter)
 defjvp(
     erfc_p,
-    lambda t, x: mul(t, mul(scalar_like(x, -2.0 / math.sqrt(math.pi)), exp(neg(square(x))))),
+    lambda t, x, **p: mul(t, mul(_rule_const(x, -2.0 / math.sqrt(math.pi), "erfc"),
+                                 exp(neg(square(x))))),
 )
 
 erf_inv_p = _unary("erf_inv", lax.erf_inv_p)

@@ -67,7 +67,7 @@ def _take_along(x, idx, axis):
 top_k_p = defprim("top_k", lax.top_k_p, multiple_results=True)
 
 
-def _top_k_shape(x, *, k, axis):
+def _top_k_shape(x, *, k, axis, **params):
     shape = list(x.shape)
     shape[axis] = k
     # the indices are as weak as the operand: JAX's rule gives every output
@@ -79,8 +79,8 @@ def _top_k_shape(x, *, k, axis):
 shape_rules[top_k_p] = _top_k_shape
 
 
-def _top_k_jvp(primals, tangents, *, k, axis):
-    values, idx = bind(top_k_p, primals[0], k=k, axis=axis)
+def _top_k_jvp(primals, tangents, *, k, axis, **params):  # params: jax 0.12's is_stable
+    values, idx = bind(top_k_p, primals[0], k=k, axis=axis, **params)
     t = tangents[0]
     t_out = Zero.of(values) if type(t) is Zero else _take_along(t, idx, axis)
     return [values, idx], [t_out, Zero.of(idx)]
@@ -89,9 +89,9 @@ def _top_k_jvp(primals, tangents, *, k, axis):
 jvp_rules[top_k_p] = _top_k_jvp
 
 
-def _top_k_batch(size, vals, dims, *, k, axis):
+def _top_k_batch(size, vals, dims, *, k, axis, **params):
     d = dims[0]
-    outs = bind(top_k_p, vals[0], k=k, axis=axis + 1 if d <= axis else axis)
+    outs = bind(top_k_p, vals[0], k=k, axis=axis + 1 if d <= axis else axis, **params)
     return outs, [d, d]
 
 

@@ -1,0 +1,214 @@
+"""What differs between the JAX releases functx supports (0.10.2 to 0.12,
+README "Requirements"): each JAX internal that changed, or may, is read
+through a fallback, and each fallback runs here whatever JAX is installed
+(CI runs the suite on jax 0.10.2 and on the newest release), against JAX's
+own results."""
+
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import functx as fx
+import xla_options
+from functx import xla_cpu
+from functx.errors import MissingRuleError
+from functx.primitives.control import scan_counts
+
+jit_module = sys.modules["functx.transforms.jit"]  # (functx.transforms.jit is the function)
+
+
+def close(a, b, tol=1e-10):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+# -- XLA options (tests/xla_options.py) ----------------------------------------
+
+
+def test_xla_flags_this_jaxlib_rejects_are_left_out():
+    # An unknown XLA_FLAGS entry aborts a JAX process: asked in a child.
+    known = {"xla_backend_optimization_level": 0}
+    assert xla_options.env_flags({**known, "xla_functx_no_such_flag": True}) == \
+        "--xla_backend_optimization_level=0"
+    asked = []
+
+    def starts(flags):
+        asked.append(flags)
+        return all("fusion" not in f for f in flags)
+
+    flags = xla_options.env_flags(xla_options.CHEAP, starts=starts)
+    assert "fusion" not in flags and "--xla_backend_optimization_level=0" in flags
+    assert len(asked) == 1 + len(xla_options.CHEAP)  # all at once, then each alone
+
+
+def test_compile_options_this_jaxlib_rejects_are_left_out():
+    options = xla_options.compile_options({"xla_backend_optimization_level": 0,
+                                           "xla_functx_no_such_option": 1})
+    assert options == {"xla_backend_optimization_level": 0}
+    # what is left compiles
+    jax.jit(lambda x: x * 2).lower(1.0).compile(options)
+
+
+def test_products_option_only_where_this_jaxlib_knows_it():
+    # NOTE [XLA:CPU's matrix-product library]: asked by one tiny compile
+    options = xla_cpu.products_off({"xla_backend_optimization_level": 0})
+    if jax.default_backend() == "cpu" and xla_cpu._known():
+        assert options[xla_cpu.YNN_OPTION] == xla_cpu.PRODUCTS_OFF[xla_cpu.YNN_OPTION]
+    else:
+        assert options == {"xla_backend_optimization_level": 0}
+
+
+# -- scan's parameters ---------------------------------------------------------
+
+
+def _scan_eqn(fn, *args):
+    eqns = [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive.name == "scan"]
+    assert len(eqns) == 1
+    return eqns[0]
+
+
+def test_scan_counts_of_this_jax():
+    # two constants (a, b), two carries, one scanned input
+    a, b = jnp.ones(3), jnp.arange(3.0)
+
+    def fn(c0, c1, xs):
+        def body(carry, x):
+            return (carry[0] * a + x, carry[1] + b), carry[0] - x
+        return lax.scan(body, (c0, c1), xs)
+
+    eqn = _scan_eqn(fn, jnp.ones(3), jnp.zeros(3), jnp.ones((4, 3)))
+    assert scan_counts(eqn.params) == (2, 2)
+
+
+class _Groups:
+    """Stands in for jax 0.11+'s flat tree of a scan's operands."""
+
+    def __init__(self, *groups):
+        self.groups = groups
+
+    def unpack(self):
+        return self.groups
+
+
+def test_scan_counts_of_either_layout():
+    # jax 0.10: counts; jax 0.11+: the operands' flat tree in three groups
+    assert scan_counts({"num_consts": 3, "num_carry": 1}) == (3, 1)
+    assert scan_counts({"ft_in": _Groups([None] * 2, [None] * 5, [None])}) == (2, 5)
+
+
+def test_lifted_scan_against_jax():
+    def fn(w, xs):
+        def body(c, x):
+            return jnp.tanh(c * w + x), c.sum() * x
+        return lax.scan(body, jnp.ones(2), xs)
+
+    w, xs = jnp.array([0.5, -0.3]), jnp.linspace(-1.0, 1.0, 10).reshape(5, 2)
+    loss = lambda w, xs: (fn(w, xs)[0].sum() + fn(w, xs)[1].sum())  # noqa: E731
+    close(fx.grad(loss, argnums=(0, 1))(w, xs), jax.grad(loss, argnums=(0, 1))(w, xs))
+    close(fx.vmap(fn, in_dims=(None, 0))(w, jnp.stack([xs, -xs])),
+          jax.vmap(fn, in_axes=(None, 0))(w, jnp.stack([xs, -xs])))
+
+
+# -- JAX's high-level primitives (jax 0.11+: call_hi_primitive) ----------------
+#
+# They carry their own rules; functx runs them as foreign primitives, and
+# transposes their linear uses by JAX's vjp (primitives/foreign.py). On jax
+# 0.10 the same functions are made of ordinary primitives: the comparisons
+# hold there too.
+
+X = jnp.array([[0.5, -1.0, 2.0], [0.0, 3.0, -0.25]])
+
+HIGH_LEVEL = {
+    "ldexp": lambda x: jnp.ldexp(x, (jnp.arange(x.size) % 4 - 1).reshape(x.shape)),
+    "frexp": lambda x: jnp.frexp(x)[0] * x,
+    "argwhere": lambda x: jnp.argwhere(x > 0, size=x.size)[:, 0].astype(x.dtype) * x.ravel(),
+    "searchsorted": lambda x: jnp.searchsorted(jnp.array([-0.5, 0.5, 1.5]), x).astype(x.dtype) * x,
+    "custom_root": lambda x: lax.custom_root(
+        lambda y: y ** 3 - (x * x + 0.5), jnp.ones_like(x),
+        lambda f, y0: jnp.cbrt(x * x + 0.5), lambda g, y: y / g(jnp.ones_like(y))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HIGH_LEVEL))
+def test_high_level_primitives_against_jax(name):
+    f = HIGH_LEVEL[name]
+    close(f(X), f(X))
+    close(fx.jacrev(f)(X), jax.jacrev(f)(X))
+    close(fx.jacfwd(f)(X), jax.jacfwd(f)(X))
+    close(fx.vmap(f)(X), jax.vmap(f)(X))
+    close(fx.vmap(fx.grad(lambda x: f(x).sum()))(X), jax.vmap(jax.grad(lambda x: f(x).sum()))(X))
+
+
+def test_linear_primitive_jax_cannot_transpose_names_itself():
+    # A JAX primitive whose jvp is linear in the tangent but which has no
+    # transpose, in functx or in JAX: reverse mode asks JAX's vjp, which
+    # fails, and the error names the primitive and the transform.
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad
+
+    twice = Primitive("functx_test_twice_untransposable")
+    twice.def_impl(lambda x: 2 * x)
+    twice.def_abstract_eval(lambda x: x)
+    ad.defjvp(twice, lambda t, x: twice.bind(t))
+    f = lambda x: twice.bind(x).sum()  # noqa: E731
+    close(fx.jvp(f, (X,), (jnp.ones_like(X),))[1], 2.0 * X.size)
+    with pytest.raises(MissingRuleError, match="functx_test_twice_untransposable"):
+        fx.grad(f)(X)
+
+
+# -- the C++ cached-call path of jit (jax._src.pjit) ---------------------------
+
+
+def test_jit_falls_back_to_python_where_jax_builds_its_function_otherwise(monkeypatch):
+    # NOTE [no Python in front of a cached call]: functx's cache-miss
+    # handler goes in through `jax._src.pjit._jax`. A JAX that builds its
+    # C++ function some other way never asks for it: jit must notice and
+    # return its Python wrapper, which still caches per signature.
+    from jax._src import pjit as pjit_module
+
+    real_jax, real_cpp_pjit = pjit_module._jax, pjit_module._cpp_pjit
+
+    def cpp_pjit_elsewhere(*args, **kwargs):
+        saved = pjit_module._jax
+        pjit_module._jax = real_jax
+        try:
+            return real_cpp_pjit(*args, **kwargs)
+        finally:
+            pjit_module._jax = saved
+
+    monkeypatch.setattr(pjit_module, "_cpp_pjit", cpp_pjit_elsewhere)
+    calls = []
+
+    def f(x, y):
+        calls.append(1)
+        return jnp.sin(x) * y
+
+    jf = fx.jit(f)
+    assert isinstance(jf, jit_module._Wrapper)
+    y = jnp.arange(3.0)
+    close(jf(X[0], y), f(X[0], y))
+    close(jf(X[1], y), jnp.sin(X[1]) * y)
+    assert len(calls) == 2  # one trace (and the direct call above)
+    close(fx.grad(lambda x: jf(x, y).sum())(X[0]), jnp.cos(X[0]) * y)
+
+
+def test_jit_takes_jaxs_cpp_path_on_this_jax():
+    # the fast path is not silently lost on a supported JAX
+    jf = fx.jit(lambda x: x * 2)
+    assert not isinstance(jf, jit_module._Wrapper)
+    assert type(jf) is type(jax.jit(lambda x: x))
+
+
+def test_top_level_check_falls_back_to_never(monkeypatch):
+    # functx/xla_cpu.py asks JAX's trace context whether it traces; where
+    # that is missing, it never passes its compiler options (XLA's defaults)
+    from jax._src import core as jcore
+
+    assert xla_cpu._top_level_check()() is True
+    monkeypatch.setattr(jcore, "trace_ctx", types.SimpleNamespace())
+    assert xla_cpu._top_level_check()() is False
