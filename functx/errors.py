@@ -80,10 +80,6 @@ class UnboundAxisNameError(FunctxError, NameError):
     """A collective names an axis that no enclosing functx.vmap binds."""
 
 
-class CompiledCollectiveError(FunctxRuntimeError):
-    """A collective over a functx.vmap axis met inside a compiled program."""
-
-
 class ChunkedCollectiveError(FunctxValueError):
     """A collective that needs the whole batch, under vmap(chunk_size=...)."""
 

@@ -281,9 +281,20 @@ def _scan_psum(L):
                                       length=3)[0]
 
 
+def _grad_of_closure(L, grad, vmap, np_, xs):
+    # a JAX loop body inside the vmap closing over a value of a grad outside it
+    def outer(w):
+        inner = lambda x: jax.lax.cond(True, lambda: L.psum(w * x * 0 + w, "i"),  # noqa: E731
+                                       lambda: w) * x + jax.lax.cond(
+            True, lambda: L.psum(w * w, "i"), lambda: w)
+        return np_.sum(vmap(inner, axis_name="i")(xs))
+    return grad(outer)(1.5)
+
+
 @pytest.mark.parametrize("form", [
     "functx.jit", "jax.jit", "no operands", "functx cond", "jax cond", "jax scan",
-    "jax.jit in functx.jit", "functx.jit in jax.jit", "vmap(grad)", "grad(vmap)", "jit(vmap)"])
+    "jax.jit in functx.jit", "functx.jit in jax.jit", "vmap(grad)", "grad(vmap)", "jit(vmap)",
+    "closure over grad"])
 def test_collective_in_program_without_batched_operand(form):
     # as JAX batches a jit whose program uses the vmap's axis: the program
     # is batched even when none of its operands is (sizes 4 and 3: never
@@ -316,6 +327,9 @@ def test_collective_in_program_without_batched_operand(form):
                                                             axis_name="i")(v) ** 2))(xs)
             expected = jax.grad(lambda v: jnp.sum(jax.vmap(lambda x: x * G_JAX(2.0),
                                                            axis_name="i")(v) ** 2))(xs)
+        elif form == "closure over grad":
+            out = _grad_of_closure(fl, functx.grad, functx.vmap, fnp, xs)
+            expected = _grad_of_closure(jax.lax, jax.grad, jax.vmap, jnp, xs)
         elif form == "jit(vmap)":
             out = functx.jit(functx.vmap(lambda x: x + G_FX(2.0), axis_name="i"))(xs)
             expected = jax.jit(jax.vmap(lambda x: x + G_JAX(2.0), axis_name="i"))(xs)

@@ -44,9 +44,24 @@ Nothing compiled or cached may hold a result fixed to one vmap's size:
   one (functx.jit, a control-flow body, a staged jvp): its graph is
   batched later with the name, never computed for the first size met;
 * met while JAX stages a program begun inside the vmap with no batched
-  operand (a functx.jit function called on unbatched values only), it
-  raises CompiledCollectiveError, where JAX would compute it for the
-  current size (a limitation).
+  operand (a jax.jit function or a loop body called on unbatched values,
+  functx.jit's compiled graph), it is left to JAX, which records its own
+  collective: the JAX equation holding that program is translated to
+  functx's when bound at the vmap's level (NOTE [JAX collectives on
+  functx values] in functx/interop.py), and the vmap batches it;
+* a primitive applying staged graphs whose collectives name a live vmap's
+  axis (GraphCallPrimitive: jit_call, cond, scan, while, checkpoint and
+  custom calls) is processed by that vmap even when none of its operands
+  is batched there, as JAX batches a jit whose program uses the axis;
+* pmean divides by a psum of one, not by a Python int, and functx.jit's
+  staged graphs are keyed on the live named axes' sizes (`live_axes`):
+  axis_size is a Python int in a graph.
+
+Under `vmap(chunk_size=k, axis_name=...)` each chunk's interpreter knows
+its first index and the whole batch's size (AxisInfo.chunk in
+interpreters/batching.py): axis_index, axis_size and the reductions of
+values not batched along the axis are defined; the other collectives
+raise ChunkedCollectiveError.
 """
 
 import threading
@@ -56,11 +71,9 @@ from jax._src.lax import parallel as _par
 
 from jax._src.core import trace_ctx as _jax_trace_ctx
 
-from ..core import Aval, Primitive, TRACER_TYPES, Zero, aval_of, bind, interpreter_stack
+from ..core import Aval, Primitive, Zero, aval_of, bind, interpreter_stack
 from ..core import _JaxTracer
-from ..errors import (
-    ChunkedCollectiveError, CompiledCollectiveError, FunctxValueError, UnboundAxisNameError,
-)
+from ..errors import ChunkedCollectiveError, FunctxValueError, UnboundAxisNameError
 from ..interpreters.batching import BatchInterpreter, collective_rules, named_interpreter
 from ..interpreters.eval import defimpl
 from ..interpreters.staging import StagingInterpreter, _graphs
@@ -146,10 +159,10 @@ class CollectivePrimitive(Primitive):
         if bound and type(value) is not AxisNames:  # never cached (AxisNames)
             params[self.axis_param] = AxisNames(
                 value if isinstance(value, (tuple, list)) else (value,))
-        return interpreter_for_names(names, top, args, self.api)
+        return interpreter_for_names(names, top)
 
 
-def interpreter_for_names(names, top, args, api=None):
+def interpreter_for_names(names, top):
     """The interpreter that must process a primitive naming the vmap axes
     `names` (a collective, or a call of a graph holding collectives), given
     `top`, the highest interpreter of its operands (NOTE [named axes])."""
@@ -173,21 +186,14 @@ def interpreter_for_names(names, top, args, api=None):
     if forced.jax_trace is not cur and isinstance(cur, _JaxprTrace):
         # JAX stages a program begun inside the vmap (a jax.jit function,
         # a jax.lax loop body, functx.jit's compiled graph) and none of the
-        # operands is functx's: JAX records its own collective (the vmap
-        # put its name in JAX's axis environment), and the JAX equation
-        # holding that program is translated to functx when it is bound
-        # at the vmap's level (NOTE [JAX collectives on functx values] in
-        # functx/interop.py), where the vmap batches it.
-        if not any(type(a) in TRACER_TYPES for a in args):
-            return None
-        what = f"functx.lax.{api}" if api else "a call of a program with collectives"
-        raise CompiledCollectiveError(
-            f"{what} over the axis {forced.axis_name!r} of a functx.vmap was met inside a "
-            "JAX program traced inside that vmap (a jax.jit function or a jax.lax loop "
-            "body) with operands of a functx transform outside the vmap and none batched "
-            "by it. Pass a value batched by the vmap to that function, or call the "
-            "collective outside it."
-        )
+        # operands is batched by it: JAX records its own collective (the
+        # vmap put its name in JAX's axis environment; values of functx
+        # transforms outside the vmap become constants of JAX's program),
+        # and the JAX equation holding that program is translated to
+        # functx when it is bound at the vmap's level (NOTE [JAX
+        # collectives on functx values] in functx/interop.py), where the
+        # vmap batches it.
+        return None
     return top
 
 
@@ -236,7 +242,7 @@ class GraphCallPrimitive(Primitive):
         names = names_in_params(params)
         if not names:
             return top
-        return interpreter_for_names(names, top, args)
+        return interpreter_for_names(names, top)
 
 
 # How many named functx.vmaps run now (all threads; guarded by _LIVE_LOCK):

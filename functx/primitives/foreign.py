@@ -232,8 +232,7 @@ def _by_trace(jax_prim):
 
 def _shapes_by_trace(jax_prim, javals, params):
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in javals]
-    out = jax.eval_shape(lambda *xs: _bind(jax_prim, xs, params), *structs)
-    return out if jax_prim.multiple_results else out
+    return jax.eval_shape(lambda *xs: _bind(jax_prim, xs, params), *structs)
 
 
 def _jvp_by_trace(jax_prim, p, nonzero):
