@@ -23,6 +23,7 @@ from .errors import (
 from .caches import cache_info, clear_caches
 from .custom import custom_jvp, custom_vjp
 from .lifting import lift
+from .memory import memory_report
 from .autograd.grad_mode import (  # noqa: F401  (as torch re-exports them)
     enable_grad,
     inference_mode,
@@ -32,8 +33,10 @@ from .autograd.grad_mode import (  # noqa: F401  (as torch re-exports them)
 )
 from .transforms.checkpoint import checkpoint
 from .transforms import (
+    clipped_grad,
     functional_call,
     grad,
+    grad_and_norms,
     grad_and_value,
     hessian,
     hvp,
@@ -45,6 +48,7 @@ from .transforms import (
     make_graph,
     named_buffers,
     named_parameters,
+    per_sample_grad_norms,
     stack_module_state,
     vhp,
     vjp,
@@ -62,4 +66,5 @@ __all__ = [
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
     "JaxOnFunctxValueError", "UnboundAxisNameError", "clear_caches", "cache_info",
+    "per_sample_grad_norms", "grad_and_norms", "clipped_grad", "memory_report",
 ]

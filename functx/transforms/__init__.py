@@ -6,3 +6,4 @@ from .jvp import jvp, linearize  # noqa: F401
 from .vmap import vmap  # noqa: F401
 from .jit import jit, make_graph  # noqa: F401
 from .module import functional_call, named_buffers, named_parameters, stack_module_state  # noqa: F401
+from .per_sample import clipped_grad, grad_and_norms, per_sample_grad_norms  # noqa: F401

@@ -476,7 +476,7 @@ def _check_axis_name(axis_name, call, what="axis_name"):
 
 
 def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, axis_name=None,
-         spmd_axis_name=None):
+         spmd_axis_name=None, max_memory=None):
     """Vectorizing map: run `func` on every slice of its inputs along a
     batch dimension, as one batched computation.
 
@@ -493,7 +493,8 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
         ..., functx.nn.dropout) behave inside: 'error' (raise), 'different'
         (independent draws per batch element) or 'same' (one draw shared).
       chunk_size: evaluate the batch in chunks of this size (bounded memory,
-        same result).
+        same result); 'auto' (with max_memory) picks the largest chunk whose
+        estimated peak memory fits (NOTE [memory model] in functx/memory.py).
       axis_name: a hashable name (e.g. 'batch') for the mapped axis, which the
         collectives of functx.lax (psum, pmean, pmax, pmin, axis_index,
         axis_size, all_gather, psum_scatter, ppermute, all_to_all) and JAX's
@@ -508,6 +509,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
         with the batch dimension on that mesh axis, and the batched inputs
         and outputs are constrained to be split along it (NOTE [spmd axes]
         in functx/transforms/vmap.py). Results are unchanged.
+      max_memory: the memory budget in bytes for chunk_size='auto'.
 
     Returns:
       The batched function.
@@ -524,7 +526,12 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
     check_randomness(randomness, f"vmap({_args.fn_name(func)}, randomness={randomness!r})")
     check_dims(in_dims, f"vmap({_args.fn_name(func)}, in_dims={in_dims!r})", "in_dims")
     check_dims(out_dims, f"vmap({_args.fn_name(func)}, out_dims={out_dims!r})", "out_dims")
-    if chunk_size is not None and (
+    if chunk_size == "auto" or max_memory is not None:
+        from ..memory import check_auto_chunk
+
+        check_auto_chunk(chunk_size, max_memory, f"vmap({_args.fn_name(func)}, chunk_size="
+                         f"{chunk_size!r}, max_memory={max_memory!r})")
+    elif chunk_size is not None and (
         not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1
     ):
         raise FunctxValueError(
@@ -541,7 +548,13 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
         dims, size = _check_batched(leaves, dims, args, call)
         leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
                   for x, d in zip(leaves, dims)]
+        chunk = chunk_size
+        if chunk == "auto":
+            from ..memory import vmap_chunk_size
+
+            chunk = vmap_chunk_size(func, leaves, dims, in_tree, kwargs, size, randomness,
+                                    out_dims, call, max_memory, axis)
         return _vmap_chunked(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims,
-                             call, chunk_size, axis=axis)
+                             call, chunk, axis=axis)
 
     return wrapped
