@@ -327,8 +327,8 @@ def _transpose_by_vjp(jax_prim, p, linear_avals):
 
         def linear_part(*live):
             live = iter(live)
-            return jax_prim.bind(*[next(live) if a is not None else x
-                                   for a, x in zip(linear_avals, fixed)], **p)
+            return _bind(jax_prim, [next(live) if a is not None else x
+                                    for a, x in zip(linear_avals, fixed)], p)
 
         zeros = [jax.numpy.zeros(a.shape, a.dtype) for a in linear_avals if a is not None]
         try:
