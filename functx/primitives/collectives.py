@@ -237,7 +237,7 @@ class GraphCallPrimitive(Primitive):
     binds_axis_names = True
 
     def axis_interpreter(self, top, args, params):
-        if not interpreter_stack():
+        if not LIVE_NAMED[0]:  # no named vmap runs: nothing to look up
             return top
         names = names_in_params(params)
         if not names:
