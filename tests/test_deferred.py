@@ -199,3 +199,30 @@ def test_a_queue_keeps_only_live_values():
         if i % 2 == 0:
             np.testing.assert_array_equal(np.asarray(kept[i // 2].value), np.asarray(want))
     np.testing.assert_array_equal(np.asarray(p.value), np.asarray(want))
+
+
+def test_a_queue_passes_each_array_once_and_jax_scalar_constants_by_value():
+    """An array read by several steps is one program input (so XLA sees the
+    sharing); JAX's typed scalar constants are part of the key by value and
+    dtype, never confused across dtypes."""
+    from jax._src import literals
+
+    from functx.interpreters.staging import stage
+
+    graph, _ = stage(lambda x, c: [fnp.sin(x) * c], [fx.core.aval_of(XS[0]),
+                                                     fx.core.Aval((), np.dtype("float64"), True)],
+                     "test")
+    step = deferred.StepOutputs(jax.jit(lambda x, c: [jnp.sin(x) * c]), graph)
+    q = deferred.Queue()
+    c2 = literals.TypedFloat(2.0, np.dtype("float64"))
+    x = XS[0]
+    a = q.defer(step, [x, c2])
+    b = q.defer(step, [x, c2])
+    assert len(q.inputs) == 1
+    refs = [r for _, r in q.steps]
+    assert refs[0] == refs[1] and isinstance(refs[0][1], deferred.Literal)
+    assert deferred.Literal(c2) != deferred.Literal(literals.TypedFloat(2.0, np.dtype("float32")))
+    assert deferred.Literal(c2) == deferred.Literal(literals.TypedFloat(2.0, np.dtype("float64")))
+    q.flush()
+    np.testing.assert_array_equal(np.asarray(a[0].value), np.asarray(jnp.sin(x) * 2.0))
+    np.testing.assert_array_equal(np.asarray(b[0].value), np.asarray(a[0].value))

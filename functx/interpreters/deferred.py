@@ -39,13 +39,14 @@ Nothing is deferred while a hook watches the eager steps (the profiler's
 
 import weakref
 
+import numpy as np
 from jax._src import core as jcore
 
 from ..caches import RepeatCache
 from ..core import Aval, aval_of
 from ..errors import FunctxError
 from .eval import compile_ahead, compiled
-from .staging import Eqn, Graph, Var
+from .staging import Const, Eqn, Graph, Var
 
 MAX_STEPS = 1024  # steps a queue holds before it runs them
 
@@ -135,28 +136,57 @@ def _output_avals(graph):
     return [x.aval for x in graph.outputs]
 
 
+class Literal:
+    """A scalar constant of JAX's own code (a `CONSTANT_TYPES` value, e.g.
+    the 0 of relu or jnp.mean's divisor) as a step input: part of the
+    queue's key by value, so the program holds it as a constant."""
+
+    __slots__ = ("value", "key")
+
+    def __init__(self, value):
+        self.value = value
+        a = value.aval
+        self.key = (a.dtype, a.weak_type, np.asarray(value).tobytes())
+
+    def __eq__(self, other):
+        return type(other) is Literal and self.key == other.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+
 class Queue:
     """The steps an interpreter has deferred and not run yet."""
 
-    __slots__ = ("steps", "inputs", "outs")
+    __slots__ = ("steps", "inputs", "outs", "index")
 
     def __init__(self):
-        self.steps = []  # (StepOutputs, refs): ref >= 0 an earlier output, < 0 an input
-        self.inputs = []  # the concrete arrays the steps read
+        # (StepOutputs, refs): a ref is an earlier output (int >= 0), an
+        # input (int < 0) or a Literal
+        self.steps = []
+        self.inputs = []  # the concrete arrays the steps read, each once
+        self.index = {}  # id(input) -> its ref
         self.outs = []  # weakrefs to every Pending, in order
 
     def defer(self, step, args):
-        """Queue `step` applied to `args` (concrete arrays or Pendings);
-        returns its outputs as Pendings."""
+        """Queue `step` applied to `args` (concrete arrays, JAX's constants
+        or Pendings); returns its outputs as Pendings."""
         refs = []
         for a in args:
-            if type(a) is Pending:
+            t = type(a)
+            if t is Pending:
                 if a.value is None and a.queue is self:
                     refs.append(a.index)
                     continue
                 a = a.force()
-            self.inputs.append(a)
-            refs.append(-len(self.inputs))
+            elif t in CONSTANT_TYPES and getattr(a, "ndim", 0) == 0:
+                refs.append(Literal(a))
+                continue
+            r = self.index.get(id(a))
+            if r is None:  # the same array twice is one input (XLA sees it is shared)
+                self.inputs.append(a)
+                r = self.index[id(a)] = -len(self.inputs)
+            refs.append(r)
         self.steps.append((step, tuple(refs)))
         outs = self.outs
         n = len(outs)
@@ -173,11 +203,17 @@ class Queue:
         if not steps:
             return
         inputs, outs = self.inputs, self.outs
-        self.steps, self.inputs, self.outs = [], [], []
+        self.steps, self.inputs, self.outs, self.index = [], [], [], {}
         live = [r() for r in outs]
+
+        def arg(r):
+            if type(r) is int:
+                return inputs[-1 - r] if r < 0 else computed[r]
+            return r.value
+
         if len(steps) == 1:
             step, refs = steps[0]
-            _assign(live, step.fn(*[inputs[-1 - r] for r in refs]))
+            _assign(live, step.fn(*[arg(r) for r in refs]))
             return
         mask = tuple(p is not None for p in live)
         key = (tuple(steps), tuple(x.aval for x in inputs), mask)
@@ -192,13 +228,13 @@ class Queue:
         last_read = {}
         for j, (_, refs) in enumerate(steps):
             for r in refs:
-                if r >= 0:
+                if type(r) is int and r >= 0:
                     last_read[r] = j
         done_at = {}
         computed = []
         for j, (step, refs) in enumerate(steps):
             first = len(computed)
-            computed.extend(step.fn(*[inputs[-1 - r] if r < 0 else computed[r] for r in refs]))
+            computed.extend(step.fn(*[arg(r) for r in refs]))
             for r in range(first, len(computed)):
                 if live[r] is None:
                     done_at.setdefault(last_read.get(r, j), []).append(r)
@@ -231,7 +267,10 @@ def _build(steps, inputs, mask):
         graph = step.graph
         env = {}
         for v, r in zip(graph.inputs, refs, strict=True):
-            env[v] = in_vars[-1 - r] if r < 0 else computed[r]
+            if type(r) is not int:
+                env[v] = Const(r.value, input_aval(r.value))
+            else:
+                env[v] = in_vars[-1 - r] if r < 0 else computed[r]
         for eqn in graph.eqns:
             ins = [env[x] if type(x) is Var else x for x in eqn.inputs]
             new = [Var(o.aval) for o in eqn.outputs]
