@@ -203,8 +203,9 @@ def spmd_mesh(spmd, leaves, dims, call):
                 sharding = x.sharding
             except Exception:  # noqa: BLE001 - a JAX tracer without one
                 continue
-            if isinstance(sharding, NamedSharding) and all(
-                    a in sharding.mesh.axis_names for a in spmd):
+            if (isinstance(sharding, NamedSharding)
+                    and isinstance(sharding.mesh, jax.sharding.Mesh)  # not a traced abstract one
+                    and all(a in sharding.mesh.axis_names for a in spmd)):
                 mesh = sharding.mesh
                 break
         if mesh is None:
