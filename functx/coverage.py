@@ -567,13 +567,15 @@ def rule_status(prim_name, operand_free=False):
     from functx.interpreters.jvp import jvp_rules
     from functx.lifting import LIFT_RULES
 
+    if prim_name in BORROWED:  # (its foreign twin may exist by now: the same rules)
+        return {m: BORROWED[prim_name] for m in ("eval", "jvp", "reverse", "batch")}
     if prim_name in LIFT_RULES:
         fx = LIFT_RULES[prim_name].primitive
     else:
         fx = next((p for jp, p in FROM_JAX.items() if jp.name == prim_name), None)
     status = {}
     if fx is None:
-        status = {m: BORROWED.get(prim_name, False) for m in ("eval", "jvp", "reverse", "batch")}
+        status = {m: False for m in ("eval", "jvp", "reverse", "batch")}
     else:
         status["eval"] = fx in impl_rules
         status["jvp"] = fx in jvp_rules
