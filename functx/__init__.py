@@ -19,6 +19,7 @@ from .errors import (
     JaxOnFunctxValueError,
     MissingRuleError,
     UnboundAxisNameError,
+    ChunkedCollectiveError,
 )
 from .caches import cache_info, clear_caches
 from .custom import custom_jvp, custom_vjp
@@ -65,6 +66,6 @@ __all__ = [
     "numpy", "lax", "nn", "random", "test_util", "autograd", "config",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
-    "JaxOnFunctxValueError", "UnboundAxisNameError", "clear_caches", "cache_info",
+    "JaxOnFunctxValueError", "UnboundAxisNameError", "ChunkedCollectiveError", "clear_caches", "cache_info",
     "per_sample_grad_norms", "grad_and_norms", "clipped_grad", "memory_report",
 ]
