@@ -185,57 +185,46 @@ def _active_eqns(graph, active_inputs):
 def residuals(graph, active_inputs, lines=None):
     """The values reverse mode keeps for the backward pass, one entry per
     value (not counting the inputs, which the caller holds anyway): dicts
-    with primitive, line, shape, dtype, bytes; largest first."""
+    with primitive (the one that computes the value), line, shape, dtype,
+    bytes and `kept`: 'value' (an intermediate the backward pass reads) or
+    'derivative' (a value a jvp rule computes for it, e.g. cos(x) for
+    sin); largest first."""
     from .interpreters.jvp import jvp_graph
     from .interpreters.staging import one_equation_graph
 
     lines = lines or {}
     inputs = set(graph.inputs)
+    producer = {o: e for e in graph.eqns for o in e.outputs}
     seen = {}
+
+    def add(key, aval, eqn, kept):
+        if key not in seen:
+            seen[key] = {"primitive": eqn.prim.name, "line": lines.get(eqn),
+                         "shape": tuple(aval.shape),
+                         "dtype": str(getattr(aval.dtype, "name", aval.dtype)),
+                         "bytes": nbytes(aval), "kept": kept}
+
     for eqn, mask in _active_eqns(graph, active_inputs):
         try:
             one = one_equation_graph(eqn.prim, eqn.params, [x.aval for x in eqn.inputs])
             split = jvp_graph(one, mask)
         except Exception:  # noqa: BLE001 - a rule that cannot be staged alone: skip it
             continue
-        n_out = split.n_out
-        extra = split.primal.outputs[n_out:]
-        outs_of_one = list(split.primal.outputs[:n_out])
-        k = 0
-        for src in split.res_src:
-            if src >= 0:
+        extra = iter(split.primal.outputs[split.n_out:])
+        own = list(split.primal.outputs[:split.n_out])
+        for k, src in enumerate(split.res_src):
+            if src >= 0:  # one of the equation's operands
                 x = eqn.inputs[src]
-                if type(x) is not Var or x in inputs:
-                    continue
-                key, aval, prim, line = x, x.aval, _producer(graph, x), None
-            else:
-                r = extra[k]
-                k += 1
-                if r in outs_of_one:  # the equation's own output, kept
-                    key = eqn.outputs[outs_of_one.index(r)]
-                else:
-                    key = (eqn, k)
-                aval, prim = r.aval, eqn.prim.name
-            if key in seen:
+                if type(x) is Var and x not in inputs:
+                    add(x, x.aval, producer[x], "value")
                 continue
-            line = lines.get(_producer_eqn(graph, key) if isinstance(key, Var) else eqn)
-            seen[key] = {"primitive": prim if isinstance(key, tuple) else _producer(graph, key),
-                         "line": line, "shape": tuple(aval.shape),
-                         "dtype": str(getattr(aval.dtype, "name", aval.dtype)),
-                         "bytes": nbytes(aval)}
+            r = next(extra)
+            if r in own:  # the equation's own output
+                v = eqn.outputs[own.index(r)]
+                add(v, v.aval, eqn, "value")
+            else:
+                add((eqn, k), r.aval, eqn, "derivative")
     return sorted(seen.values(), key=lambda r: -r["bytes"])
-
-
-def _producer_eqn(graph, var):
-    for eqn in graph.eqns:
-        if var in eqn.outputs:
-            return eqn
-    return None
-
-
-def _producer(graph, var):
-    eqn = _producer_eqn(graph, var)
-    return "input" if eqn is None else eqn.prim.name
 
 
 # --------------------------------------------------------------------------
@@ -249,7 +238,8 @@ class MemoryReport:
     `residuals` (what reverse mode through f would keep for its backward
     pass, largest first) and `residual_bytes`. Each entry of `at_peak` and
     `residuals` is a dict with primitive, line ('file:line' of the user
-    code, or None), shape, dtype and bytes. `str(report)` is a table."""
+    code, or None), shape, dtype and bytes (residuals also say what is
+    `kept`: 'value' or 'derivative'). `str(report)` is a table."""
 
     def __init__(self, peak, inputs, outputs, at_peak, res, n_eqns):
         self.peak_bytes = peak
@@ -273,7 +263,8 @@ class MemoryReport:
             rows.append(title + ("" if entries else ": none"))
             for r in entries[:top]:
                 shape = "x".join(map(str, r["shape"])) or "scalar"
-                rows.append(f"  {_human(r['bytes']):>10}  {r['dtype']}[{shape}]  {r['primitive']}"
+                what = r["primitive"] + (" (derivative)" if r.get("kept") == "derivative" else "")
+                rows.append(f"  {_human(r['bytes']):>10}  {r['dtype']}[{shape}]  {what}"
                             + (f"  {r['line']}" if r["line"] else ""))
             if len(entries) > top:
                 rows.append(f"  ... {len(entries) - top} more")
@@ -488,3 +479,30 @@ def vmap_chunk_size(func, leaves, dims, in_tree, kwargs, size, randomness, out_d
                 [True] * len(graph.outputs))
 
     return auto_chunk_size(staged_at, size, max_memory, call)
+
+
+def basis_chunk_size(fn, basis, starts, call, max_memory, out_dims=0, randomness="error"):
+    """jacrev / jacfwd's chunk_size='auto': `auto_chunk_size` on the staged
+    map of `fn` over the first n rows of the identity `basis` (the outputs
+    are the Jacobian's rows)."""
+    from .interpreters.staging import stage
+    from .primitives import structural as st
+    from .transforms.vmap import map_over_basis
+
+    rows = aval_of(basis[0]).shape[0]
+
+    def staged_at(n):
+        # the rows are inputs of the staged program (as constants, staging
+        # would compute the whole map); their identity marks still apply
+        part = [st.slice(b, (0,) * aval_of(b).ndim, (n,) + aval_of(b).shape[1:]) for b in basis]
+
+        def f(*rows):
+            out = map_over_basis(fn, rows, starts, call, out_dims=out_dims, randomness=randomness)
+            return tree_util.tree_leaves(out)
+
+        graph, _ = stage(f, [aval_of(b) for b in part], "jacobian")
+        n_in = len(part)
+        return (graph, [True] * n_in + [False] * (len(graph.inputs) - n_in),
+                [True] * len(graph.outputs))
+
+    return auto_chunk_size(staged_at, rows, max_memory, call)

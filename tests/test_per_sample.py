@@ -385,3 +385,27 @@ def test_vmap_auto_chunk_keeps_the_compiled_peak_within_the_budget():
     close(fx.vmap(f, chunk_size="auto", max_memory=400_000)(xs), want)
     assert peak(auto) <= 1.1 * budget, (peak(auto), budget, full)
     assert peak(auto) < full
+
+
+def test_jacobians_auto_chunk_equal_unchunked(monkeypatch):
+    import functx.memory
+
+    chosen = []
+    real = functx.memory.auto_chunk_size
+    monkeypatch.setattr(functx.memory, "auto_chunk_size",
+                        lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(200, 30)))
+
+    def f(x):
+        return jnp.tanh(a @ x) * jnp.sum(x ** 2)
+
+    x = jnp.asarray(np.random.default_rng(1).normal(size=30))
+    want = jax.jacrev(f)(x)
+    for jac, budget in ((fx.jacrev, 600_000), (fx.jacfwd, 200_000)):
+        close(jac(f, chunk_size="auto", max_memory=budget)(x), want, rtol=1e-12)
+        close(jax.jit(jac(f, chunk_size="auto", max_memory=budget))(x), want, rtol=1e-12)
+    rows = [200, 200, 30]  # jacrev: a row per output, jacfwd: a column per input (eagerly)
+    assert all(c is not None and c < n for c, n in zip(chosen, rows)), chosen
+    close(fx.jacfwd(f, chunk_size=7)(x), want, rtol=1e-12)
+    with pytest.raises(fx.FunctxValueError, match="needs max_memory"):
+        fx.jacfwd(f, chunk_size="auto")

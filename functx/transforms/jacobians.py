@@ -72,7 +72,12 @@ def _rows(x, start, stop):
     return st.slice(x, (start,) + (0,) * (len(shape) - 1), (stop,) + shape[1:])
 
 
-def _check_chunk(chunk_size, call):
+def _check_chunk(chunk_size, call, max_memory=None):
+    if chunk_size == "auto" or max_memory is not None:
+        from ..memory import check_auto_chunk
+
+        check_auto_chunk(chunk_size, max_memory, call)
+        return
     if chunk_size is not None and (
         not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool) or chunk_size < 1
     ):
@@ -125,7 +130,7 @@ def _int_block(out_aval):
 
 
 def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False,
-           allow_int=False, _preallocate_and_copy=False):
+           allow_int=False, _preallocate_and_copy=False, max_memory=None):
     """Jacobian by reverse mode: one vjp per output element, batched with
     vmap.
 
@@ -135,12 +140,14 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False
       argnums: the argument(s) to differentiate (int or tuple of ints).
       has_aux: `func` returns `(output, aux)`; the result is `(jac, aux)`.
       chunk_size: compute the rows in chunks of this many vjps (bounded
-        memory, same result).
+        memory, same result); 'auto' with max_memory: the largest chunk whose
+        estimated peak fits (NOTE [memory model] in functx/memory.py).
       holomorphic: `func` is holomorphic with complex inputs and outputs
         (JAX's meaning): the result is the complex derivative. Without it a
         complex output is an error.
       allow_int: integer, bool and key inputs get zero blocks (of the
         input's dtype, as JAX's allow_int) instead of being refused.
+      max_memory: the memory budget in bytes for chunk_size='auto'.
 
     Returns:
       A function returning the Jacobian: for each output leaf, the block(s)
@@ -154,7 +161,7 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False
       >>> functx.jacfwd(functx.jacrev(f))(x)            # Hessian
     """
     _args.check_callable(func, "jacrev")
-    _check_chunk(chunk_size, f"jacrev({_args.fn_name(func)})")
+    _check_chunk(chunk_size, f"jacrev({_args.fn_name(func)})", max_memory)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -173,7 +180,12 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False
         elif total == 1:
             rows = [st.expand_dims(c, (0,)) for c in pull(*[b[0] for b in basis])]
         else:
-            rows = map_over_basis(pull, basis, _starts(sizes), call, chunk_size=chunk_size)
+            chunk = chunk_size
+            if chunk == "auto":
+                from ..memory import basis_chunk_size
+
+                chunk = basis_chunk_size(pull, basis, _starts(sizes), call, max_memory)
+            rows = map_over_basis(pull, basis, _starts(sizes), call, chunk_size=chunk)
         blocks = []
         start = 0
         for oa, n in zip(r.out_avals, sizes):
@@ -194,7 +206,8 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False
     return wrapper
 
 
-def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=False):
+def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=False,
+           chunk_size=None, max_memory=None):
     """Jacobian by forward mode: one jvp per input element, batched with
     vmap.
 
@@ -206,6 +219,9 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=Fa
       holomorphic: `func` is holomorphic with complex inputs and outputs
         (JAX's meaning): the result is the complex derivative. Without it a
         complex input is an error.
+      chunk_size: compute the columns in chunks of this many jvps (bounded
+        memory, same result), or 'auto' with max_memory (as jacrev's).
+      max_memory: the memory budget in bytes for chunk_size='auto'.
 
     Returns:
       A function returning the Jacobian, laid out as for `jacrev`, each
@@ -217,6 +233,7 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=Fa
     """
     _args.check_callable(func, "jacfwd")
     check_randomness(randomness, f"jacfwd({_args.fn_name(func)}, randomness={randomness!r})")
+    _check_chunk(chunk_size, f"jacfwd({_args.fn_name(func)})", max_memory)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -246,8 +263,15 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=Fa
             tans, outs, aux = push(*[jnp.zeros(a.shape, a.dtype) for a in in_avals])
             tans = [jnp.zeros((0,) + aval_of(o).shape, aval_of(o).dtype) for o in outs]
         else:
+            chunk = chunk_size
+            if chunk == "auto":
+                from ..memory import basis_chunk_size
+
+                chunk = basis_chunk_size(push, basis, _starts(sizes), call, max_memory,
+                                         out_dims=(0, None, None), randomness=randomness)
             tans, outs, aux = map_over_basis(push, basis, _starts(sizes), call,
-                                             out_dims=(0, None, None), randomness=randomness)
+                                             out_dims=(0, None, None), randomness=randomness,
+                                             chunk_size=chunk)
         if holomorphic:
             for k, o in enumerate(outs):
                 if not is_complex_dtype(aval_of(o).dtype):
