@@ -409,3 +409,19 @@ def test_jacobians_auto_chunk_equal_unchunked(monkeypatch):
     close(fx.jacfwd(f, chunk_size=7)(x), want, rtol=1e-12)
     with pytest.raises(fx.FunctxValueError, match="needs max_memory"):
         fx.jacfwd(f, chunk_size="auto")
+
+
+def test_low_precision_norms_accumulate_in_float32():
+    r = np.random.default_rng(4)
+    p = [jnp.asarray(r.normal(size=(6, 5)), jnp.bfloat16), jnp.asarray(r.normal(size=5), jnp.bfloat16)]
+    xs = jnp.asarray(r.normal(size=(4, 6)), jnp.bfloat16)
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(x @ p[0] + p[1]) ** 2)
+
+    got = fx.per_sample_grad_norms(loss)(p, xs)
+    assert got.dtype == jnp.float32
+    per = jax.vmap(jax.grad(loss), in_axes=(None, 0))(p, xs)
+    want = jnp.sqrt(sum(jnp.sum(g.astype(jnp.float32).reshape(4, -1) ** 2, 1) for g in per))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2)
+    assert fx.grad_and_norms(loss)(p, xs)[0][0].dtype == jnp.bfloat16

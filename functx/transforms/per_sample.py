@@ -86,7 +86,7 @@ class _Call:
         self.p_leaves, self.p_mask = p_leaves, p_mask
         self.params = [x for x, m in zip(p_leaves, p_mask) if m]
         # data: every other positional argument, leaf by leaf
-        self.d_slots = []  # (arg index, treedef, leaves, dims)
+        self.d_slots = []  # (arg index, treedef, leaves, dims, indices of Python-value leaves)
         data, data_dims = [], []
         for i, a in enumerate(args):
             if i in nums:
@@ -391,7 +391,14 @@ def _canonical(ghost, operands, cts, probe_of):
     return st.concatenate(ls, 1), st.concatenate(rs, 1)
 
 
+def _at_least_f32(x):
+    """Norms of low-precision values are accumulated in float32."""
+    d = aval_of(x).dtype
+    return x if np.dtype(d).itemsize >= 4 else x.astype(np.float32)
+
+
 def _squared_norm(ghost, L, R):
+    L, R = _at_least_f32(L), _at_least_f32(R)
     if ghost.form == "outer":
         return fnp.sum(fnp.sum(L * L, axis=(1, 2)) * fnp.sum(R * R, axis=(1, 2)))
     if ghost.form == "gram":
@@ -451,7 +458,9 @@ class _Plan:
                 total = total + _squared_norm(g, L, R)
                 lrs.append((L, R))
             for v in fb_grads:
-                total = total + fnp.sum(v * v)
+                v = _at_least_f32(v)
+                total = total + fnp.sum(fnp.real(v * fnp.conj(v)) if is_complex_dtype(
+                    aval_of(v).dtype) else v * v)
             return (total, lrs, list(fb_grads)) if keep else total
 
         return fn
