@@ -448,8 +448,7 @@ class _Plan:
                                              self.probe_of, probes)
                 return outs[0], operands
 
-            zeros = [fnp.zeros(e.outputs[0].aval.shape, e.outputs[0].aval.dtype)
-                     for e in probe_eqns]
+            zeros = [_args.zeros_for(e.outputs[0].aval) for e in probe_eqns]  # weak as the output
             (cts, fb_grads), operands = _grad(inner, argnums=(0, 1), has_aux=True)(zeros, fb)
             total = 0.0
             lrs = []
