@@ -144,6 +144,27 @@ def test_high_level_primitives_against_jax(name):
     close(fx.vmap(fx.grad(lambda x: f(x).sum()))(X), jax.vmap(jax.grad(lambda x: f(x).sum()))(X))
 
 
+def test_high_level_primitives_at_new_shapes():
+    # jax 0.11+: a high-level primitive equals another of its parameters
+    # whatever its operand types; functx's rules for one shape must not
+    # serve another (foreign.py's cache keys)
+    edges = jnp.array([-0.5, 0.5, 1.5])
+
+    def f(x):
+        return (jnp.searchsorted(edges, x).astype(x.dtype) * jnp.sin(x)).sum()
+
+    for x in (X[0], X, X.ravel()[:5]):
+        close(fx.grad(f)(x), jax.grad(f)(x))
+        close(fx.vmap(fx.grad(f))(x[None]), jax.vmap(jax.grad(f))(x[None]))
+    # (as the public sweep met it: digitize, then a histogram of other shapes)
+    digitize = lambda x: jnp.digitize(x, edges).astype(x.dtype) * x  # noqa: E731
+    histogram = lambda x, w: jnp.histogram(x, bins=3, range=(-2.0, 2.0), weights=w)[0]  # noqa: E731
+    close(fx.vjp(fx.lift(digitize), X)[1](X), jax.vjp(digitize, X)[1](X))
+    w = jnp.linspace(0.5, 1.5, 5)
+    close(fx.vjp(fx.lift(histogram), X.ravel()[:5], w)[1](jnp.ones(3)),
+          jax.vjp(histogram, X.ravel()[:5], w)[1](jnp.ones(3)))
+
+
 def test_linear_primitive_jax_cannot_transpose_names_itself():
     # A JAX primitive whose jvp is linear in the tangent but which has no
     # transpose, in functx or in JAX: reverse mode asks JAX's vjp, which

@@ -56,12 +56,13 @@ class _Params:
     """A primitive's parameters as a hashable cache key part (compared by
     value where they hash, else by identity), and as a dict."""
 
-    __slots__ = ("items", "_hash")
+    __slots__ = ("items", "_key", "_hash")
 
     def __init__(self, params):
         self.items = tuple(params.items())
+        self._key = tuple((k, _key_part(v)) for k, v in self.items)
         try:
-            self._hash = hash(self.items)
+            self._hash = hash(self._key)
         except TypeError:
             self._hash = None
 
@@ -75,6 +76,17 @@ class _Params:
 
     def dict(self):
         return dict(self.items)
+
+
+def _key_part(value):
+    """A parameter as part of a cache key. A high-level primitive of jax
+    0.11+ (the `_prim` of call_hi_primitive) equals another of its class
+    and parameters whatever its operand types, which it holds and binds
+    with: the key names those types too."""
+    avals = getattr(value, "in_avals_flat", None)
+    if avals is None:
+        return value
+    return (value, tuple(avals), tuple(getattr(value, "out_avals_flat", ())))
 
 
 def _cached(fn):
