@@ -72,7 +72,7 @@ class _Params:
     def __eq__(self, other):
         if self._hash is None or type(other) is not _Params or other._hash is None:
             return self is other
-        return self.items == other.items
+        return self._key == other._key
 
     def dict(self):
         return dict(self.items)
