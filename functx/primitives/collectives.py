@@ -507,6 +507,15 @@ def _single_name(api, names, mine):
             "functx.vmap (nor under jax.vmap). Name one axis.")
 
 
+def _whole_axis(api, interp, names, axis_index_groups=None):
+    """What a collective that moves data across this vmap's axis requires:
+    no index groups, one axis name, and the whole batch (not one chunk)."""
+    _check_groups(api, axis_index_groups)
+    _single_name(api, names, interp.axis_name)
+    if interp.axis.chunk is not None:
+        raise _chunked_error(api, interp)
+
+
 def _past_other_axis(prim, dim_param, dim, x, d, params):
     """The batching of an all_gather / psum_scatter over another vmap's
     axis: bind it again with the operand's batch axis `d` kept, its own
@@ -529,10 +538,7 @@ def _all_gather_rule(interp, vals, dims, *, all_gather_dimension, axis_name,
     if interp.axis_name not in names:  # another axis: keep this batch dim
         return _past_other_axis(all_gather_p, "all_gather_dimension", all_gather_dimension,
                                 x, d, params)
-    _check_groups("all_gather", axis_index_groups)
-    _single_name("all_gather", names, interp.axis_name)
-    if interp.axis.chunk is not None:
-        raise _chunked_error("all_gather", interp)
+    _whole_axis("all_gather", interp, names, axis_index_groups)
     n = interp.axis_size
     if d is None:
         shape = list(aval_of(x).shape)
@@ -558,10 +564,7 @@ def _reduce_scatter_rule(interp, vals, dims, *, scatter_dimension, axis_name,
     if interp.axis_name not in names:
         return _past_other_axis(reduce_scatter_p, "scatter_dimension", scatter_dimension,
                                 x, d, params)
-    _check_groups("psum_scatter", axis_index_groups)
-    _single_name("psum_scatter", names, interp.axis_name)
-    if interp.axis.chunk is not None:
-        raise _chunked_error("psum_scatter", interp)
+    _whole_axis("psum_scatter", interp, names, axis_index_groups)
     n = interp.axis_size
     if d is None:
         y = ew.mul(x, scalar_like(x, n))
@@ -615,9 +618,7 @@ def _ppermute_rule(interp, vals, dims, *, axis_name, perm):
     names = _names(axis_name)
     if interp.axis_name not in names:
         return bind(ppermute_p, x, axis_name=axis_name, perm=perm), d
-    _single_name("ppermute", names, interp.axis_name)
-    if interp.axis.chunk is not None:
-        raise _chunked_error("ppermute", interp)
+    _whole_axis("ppermute", interp, names)
     n = interp.axis_size
     source = {dst: src for src, dst in perm}
     if d is None:
@@ -699,10 +700,7 @@ def _all_to_all_rule(interp, vals, dims, *, axis_name, split_axis, concat_axis,
                         **params), None
         return bind(all_to_all_p, x, split_axis=split_axis + (d <= split_axis),
                     concat_axis=concat_axis + (d <= concat_axis), **params), d
-    _check_groups("all_to_all", axis_index_groups)
-    _single_name("all_to_all", names, interp.axis_name)
-    if interp.axis.chunk is not None:
-        raise _chunked_error("all_to_all", interp)
+    _whole_axis("all_to_all", interp, names, axis_index_groups)
     n = interp.axis_size
     if d is None:
         shape = aval_of(x).shape
