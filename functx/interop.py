@@ -40,6 +40,7 @@ from jax._src import core as jcore
 from .core import (
     FROM_JAX, TRACER_TYPES, ImperativeValue, Tracer, bind, check_usable, jax_misuse_error,
 )
+from .errors import equinox_batch_error
 from .lifting import _INLINE_PARAM, LIFT_RULES, Macro, Program
 
 # --------------------------------------------------------------------------
@@ -315,6 +316,9 @@ def install():
         except TypeError as e:  # a functx autograd tensor: functx's message
             if isinstance(e.__cause__, Exception) and type(e.__cause__).__name__ == "JaxOnFunctxValueError":
                 raise e.__cause__.with_traceback(None) from None
+            hinted = equinox_batch_error(e)  # NOTE [Equinox's one-example convention]
+            if hinted is not None:
+                raise hinted from None
             raise
 
     bind_hook.__wrapped__ = jax_bind
