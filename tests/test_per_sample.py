@@ -154,6 +154,130 @@ def test_products_are_ghosted_whatever_their_orientation():
 
 
 # --------------------------------------------------------------------------
+# Convolution kernels through their patches (conv-*), gathered tables (index)
+
+lax = jax.lax
+
+# name: (one example's input shape, kernel shape, conv_general_dilated keywords)
+CONVS = {
+    "nchw_strides_padding": ((2, 3, 7, 6), (4, 3, 3, 2),
+                             dict(window_strides=(2, 1), padding=((1, 2), (0, 1)))),
+    "dilations": ((1, 2, 8, 8), (3, 2, 2, 3),
+                  dict(window_strides=(1, 2), padding=((1, 0), (2, 1)), lhs_dilation=(2, 1),
+                       rhs_dilation=(1, 2))),
+    "groups": ((1, 4, 5, 5), (6, 2, 3, 3),
+               dict(window_strides=(1, 1), padding="VALID", feature_group_count=2)),
+    "depthwise": ((1, 3, 5, 5), (6, 1, 3, 3),
+                  dict(window_strides=(1, 1), padding="SAME", feature_group_count=3)),
+    "nhwc_hwio": ((2, 6, 5, 3), (3, 2, 3, 4),
+                  dict(window_strides=(1, 1), padding="SAME",
+                       dimension_numbers=("NHWC", "HWIO", "NHWC"))),
+    "1d_nwc_wio": ((1, 9, 2), (3, 2, 4),
+                   dict(window_strides=(2,), padding="VALID", dimension_numbers=("NWC", "WIO", "NWC"))),
+    "gram": ((1, 8, 4, 4), (16, 8, 3, 3), dict(window_strides=(1, 1), padding="VALID")),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_convolution_kernels_through_patches(name):
+    x_shape, k_shape, kw = CONVS[name]
+    r = np.random.default_rng(len(name))
+    kernel = jnp.asarray(r.normal(size=k_shape))
+    xs = jnp.asarray(r.normal(size=(5,) + x_shape))
+
+    def loss(k, x):
+        return jnp.sum(jnp.sin(lax.conv_general_dilated(x, k, **kw)) ** 2)
+
+    assert ghost_plan(loss)(kernel, xs)[0].startswith("conv-")
+    check_all(loss, kernel, (xs,), (None, 0), full=False)
+
+
+def test_shared_kernel_and_conv_in_a_program():
+    """One kernel used by two convolutions (cross terms), a bias, a Linear
+    head; and a kernel used otherwise too (transposed first) falls back."""
+    r = np.random.default_rng(3)
+    p = {"k": jnp.asarray(r.normal(size=(2, 2, 3, 3)) / 3), "b": jnp.asarray(r.normal(size=(2,))),
+         "w": jnp.asarray(r.normal(size=(8, 2)) / 4),
+         "k2": jnp.asarray(r.normal(size=(2, 2, 1, 1)))}
+    xs = jnp.asarray(r.normal(size=(6, 1, 2, 5, 5)))
+    ys = jnp.asarray(r.normal(size=(6, 2)))
+
+    def loss(p, x, y):
+        h = fnp.tanh(lax.conv_general_dilated(x, p["k"], (1, 1), "SAME") + p["b"][None, :, None, None])
+        h = lax.conv_general_dilated(h, p["k"], (2, 2), "VALID")
+        h = lax.conv_general_dilated(h, p["k2"], (1, 1), "VALID") + fnp.sum(p["k2"].T)
+        return fnp.sum((fnp.tanh(h.reshape(-1)) @ p["w"] - y) ** 2)
+
+    plan = dict(zip(sorted(p), ghost_plan(loss, in_dims=(None, 0, 0))(p, xs, ys)))
+    assert plan["k"].startswith("conv-") and plan["k2"] == "fallback", plan
+    check_all(loss, p, (xs, ys), (None, 0, 0), wrap=fx.jit)
+
+
+def _head(h):
+    return fnp.sum(fnp.tanh(h) ** 2 * fnp.arange(1, h.size + 1.0).reshape(h.shape))
+
+
+GATHERS = {
+    "rows": (lambda w, i: _head(w[i]), "index"),
+    "rows_twice": (lambda w, i: _head(w[i] * w[(i + 1) % 40]), "index"),
+    "clip": (lambda w, i: _head(w.at[i].get(mode="clip")), "index"),
+    "fill": (lambda w, i: _head(w.at[i].get(mode="fill", fill_value=0.0)), "index"),
+    "columns": (lambda w, i: _head(w.T[:, i % 3]), "fallback"),  # through a transpose
+    "elements": (lambda w, i: _head(w[i % 40, i % 3]), "index"),
+    "vmapped_rows": (lambda w, i: _head(jax.vmap(lambda j: w[j])(i % 40)), "index"),
+    "tied": (lambda w, i: _head(w[i % 40] @ w.T), "fallback"),
+    "windows": (lambda w, i: _head(lax.dynamic_slice(w, (i[0] % 38, 0), (2, 3))), "fallback"),
+}
+
+
+@pytest.mark.parametrize("name", list(GATHERS))
+def test_gathered_tables(name):
+    """Rows (jnp indexing, under jax.vmap), single elements, two index
+    arrays into the same table, clipped and dropped out-of-range indices; a
+    table read through a transpose, also used in a product (tied embedding)
+    or gathered in overlapping windows falls back, and so does a table
+    smaller than the t x t comparisons."""
+    r = np.random.default_rng(4)
+    table = jnp.asarray(r.normal(size=(40, 3)))
+    ids = jnp.asarray(r.integers(-2, 43, size=(6, 5)))  # some out of range
+    ids_in = jnp.asarray(r.integers(0, 40, size=(6, 5)))
+    loss, want = GATHERS[name]
+    use = ids if name in ("clip", "fill") else ids_in
+    assert ghost_plan(loss)(table, use) == [want], name
+    check_all(loss, table, (use,), (None, 0), full=False)
+    if name == "rows":
+        assert ghost_plan(loss)(table[:8], ids_in % 8) == ["fallback"]  # 5 x 5 > 8 x 3
+
+
+def _largest_intermediate(fn, *args):
+    graph = fx.make_graph(fn)(*args)
+    return max(int(np.prod(v.aval.shape)) for e in graph.eqns for v in e.outputs)
+
+
+def test_conv_and_embedding_norms_do_not_materialise_per_example_gradients():
+    x_shape, k_shape, kw = CONVS["gram"]
+    r = np.random.default_rng(6)
+    kernel = jnp.asarray(r.normal(size=k_shape))
+    xs = jnp.asarray(r.normal(size=(5,) + x_shape))
+
+    def conv_loss(k, x):
+        return jnp.sum(jnp.sin(lax.conv_general_dilated(x, k, **kw)) ** 2)
+
+    table = jnp.asarray(r.normal(size=(50, 16)))
+    ids = jnp.asarray(r.integers(0, 50, size=(5, 6)))
+
+    def emb_loss(w, i):
+        return fnp.sum(fnp.tanh(w[i]) ** 2)
+
+    for loss, p, data in ((conv_loss, kernel, xs), (emb_loss, table, ids)):
+        per_example = len(data) * p.size
+        for fn in (fx.per_sample_grad_norms(loss), fx.clipped_grad(loss, 1.0)):
+            assert _largest_intermediate(fn, p, data) < per_example / 2
+        # the test can fail: vmap(grad) holds them
+        assert _largest_intermediate(fx.vmap(fx.grad(loss), in_dims=(None, 0)), p, data) >= per_example
+
+
+# --------------------------------------------------------------------------
 # Equinox models
 
 
@@ -212,6 +336,10 @@ def test_equinox_models(name):
     for k, how in plan.items():  # every Linear weight is ghosted; biases fall back
         if k.endswith("bias"):
             assert how == "fallback", (k, how)
+        if name == "cnn" and k == "[0].weight":  # the Conv2d kernel through its patches
+            assert how.startswith("conv-"), (k, how)
+        if k.endswith("emb.weight"):
+            assert how == "index", (k, how)
         if "proj.weight" in k or k.endswith("head.weight") or (
                 name in ("linear", "mlp") and k.endswith("weight")):
             assert how in ("outer", "gram", "materialise"), (k, how)

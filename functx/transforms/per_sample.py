@@ -26,10 +26,29 @@ uses split its axes the same way into (dot batch axes, contracted axes, free
 axes). A parameter used several times (shared weights) then has
 dW_i = sum_u a_ui^T g_ui, which is one product again after concatenating
 the uses along t, so its norm is exact with the cross terms (never the sum
-of per-use norms). Every other parameter (biases, LayerNorm scales,
-convolution kernels, embedding tables, anything used inside scan, cond or a
-custom rule, or reshaped before its product) falls back to its own
-per-example gradient, materialised for that parameter only.
+of per-use norms).
+
+Two more kinds of use have a product form:
+  * the kernel of conv_general_dilated (any strides, padding, dilations,
+    dimension numbers and feature groups; not batch groups): im2col
+    writes the convolution as a product of the kernel with the input's
+    patches, so a = the patches (t = the convolution's batch x output
+    positions, contracted = a group's input channels x kernel positions),
+    g = the output cotangent and the dot batch axis = the feature groups;
+    the same outer / Gram / materialised choice applies. The patches come
+    from a convolution with an identity kernel (`_patches`).
+  * a table read by gathers whose windows are whole rows (each indexed
+    axis sliced at size 1 or in full, every other axis in full: `W[ids]`,
+    Equinox's Embedding, `W[i, j]`): dW_i = sum_t (window of t) += g_t, and
+    two positions read the same window or disjoint ones, so
+    ||dW_i||^2 = sum_{t,s} [key_t == key_s] (g_t . g_s), key the window's
+    start as the gather clamps it (a window it drops counts nothing). Used
+    when t^2 <= |W| (else the table's own per-example gradient is cheaper).
+A parameter is ghosted only when all its uses are of one kind. Every other
+parameter (biases, LayerNorm scales, anything used inside scan, cond or a
+custom rule, reshaped before its product, a tied embedding that is also a
+product's weight) falls back to its own per-example gradient, materialised
+for that parameter only.
 
 How it is computed (`_per_example`): the staged graph is evaluated with a
 zero "probe" added to the output of each ghost product and with the other
@@ -37,7 +56,10 @@ operand recorded; `grad` with respect to the probes and the fallback
 parameters (the ghosted weights are constants there, so no weight gradient
 is formed) gives g_i and the fallback gradients; `vmap` over the batch runs
 it for every example as one batched backward pass. Norms, and the weighted
-sums, are then contractions of a, g and the fallback gradients.
+sums, are then contractions of a, g and the fallback gradients; for a
+convolution or gather the weighted sum is that operation's own backward
+pass (a convolution with the input, a scatter-add) over the whole batch with
+the cotangents w_i g_i, as in an ordinary gradient step.
 
 `clipped_grad` reuses that backward pass: the re-weighted pass (the gradient
 of sum_i w_i L_i with w_i = min(1, C / ||dtheta_i||) held constant) has the
@@ -57,7 +79,9 @@ from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.staging import Const, Eqn, Graph, Var, stage
 from ..primitives import structural as st
 from ..primitives.call import jit_call
+from ..primitives.conv import conv_p
 from ..primitives.dot import dot_general_p
+from ..primitives.indexing import gather_p
 from ..primitives.structural import transpose_p
 from . import _args
 from .grad import grad as _grad
@@ -281,9 +305,195 @@ class _Ghost:
     """A ghosted parameter: its uses, its axis split `key` and the sizes of
     the canonical (batch, contracted, free) layout; `form` is how its
     per-example squared norm is computed: 'outer' (no t axis), 'gram' or
-    'materialise'."""
+    'materialise' for products and convolutions (`kind` 'dot' or 'conv'),
+    'index' for gathers (`kind` 'gather', NOTE [ghost norms])."""
 
-    __slots__ = ("index", "uses", "key", "bd", "x", "y", "t", "form")
+    __slots__ = ("index", "uses", "key", "bd", "x", "y", "t", "form", "kind", "conv")
+
+
+def _choose_form(t, x, y):
+    if t == 1:
+        return "outer"
+    if t * (x + y) <= x * y:
+        return "gram"
+    return "materialise"
+
+
+# Convolutions (NOTE [ghost norms]): out[n, o, p] = sum_{c,k} K[o, c, k]
+# patch[n, c k, p], so a kernel used by convolutions is a product with the
+# input's patches (t = batch of the convolution x output positions,
+# contracted = the input channels of a group x kernel positions, free = the
+# group's output channels, dot batch = the feature groups).
+
+
+def _conv_use(eqn, pos, axmap):
+    """The _Use of a convolution whose kernel (operand 1, not transposed)
+    is the parameter, or None when the product form does not apply."""
+    p = eqn.params
+    if pos != 1 or axmap != tuple(range(len(axmap))) or p["batch_group_count"] != 1:
+        return None
+    dn = p["dimension_numbers"]
+    if not hasattr(dn, "rhs_spec"):
+        return None
+    lhs, rhs = eqn.inputs[0].aval, eqn.inputs[1].aval
+    out = eqn.outputs[0].aval
+    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+    groups = p["feature_group_count"]
+    o = rhs.shape[rhs_spec[0]]
+    if o % groups or lhs.shape[lhs_spec[1]] != groups * rhs.shape[rhs_spec[1]]:
+        return None
+    use = _Use()
+    use.eqn, use.pos, use.swap = eqn, pos, False
+    use.a_perm = use.g_perm = None
+    use.t = int(out.shape[out_spec[0]] * np.prod([out.shape[d] for d in out_spec[2:]],
+                                                   dtype=np.int64))
+    return use
+
+
+def _patches(lhs, kernel_aval, params):
+    """The (groups, t, channels of a group x kernel positions) patches of one
+    convolution's input, by a convolution with an identity kernel (exact:
+    products with 1 and sums of zeros; HIGHEST precision against TF32)."""
+    from ..primitives.conv import conv_p
+
+    dn = params["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+    la = aval_of(lhs)
+    c = la.shape[lhs_spec[1]]
+    ks = tuple(kernel_aval.shape[d] for d in rhs_spec[2:])
+    nk = int(np.prod(ks, dtype=np.int64))
+    eye = np.eye(nk, dtype=np.dtype(la.dtype)).reshape((nk, 1) + ks)
+    ident = np.tile(eye, (c,) + (1,) * (eye.ndim - 1))  # feature c * nk + k reads channel c
+    ident = np.transpose(ident, np.argsort(rhs_spec))
+    hi = jax.lax.Precision.HIGHEST
+    new = dict(params, feature_group_count=c, batch_group_count=1, precision=(hi, hi),
+               preferred_element_type=None)
+    pt = bind(conv_p, lhs, fnp.asarray(ident, dtype=la.dtype), **new)
+    # (features, batch, positions...) -> (groups, t, c / groups * nk)
+    groups = params["feature_group_count"]
+    pt = st.transpose(pt, (out_spec[1], out_spec[0]) + tuple(out_spec[2:]))
+    t = int(np.prod(aval_of(pt).shape[1:], dtype=np.int64))
+    pt = st.reshape(pt, (groups, c // groups * nk, t))
+    return st.transpose(pt, (0, 2, 1))
+
+
+def _conv_cotangent(ct, params):
+    """A convolution's output cotangent as (groups, t, output channels of a group)."""
+    dn = params["dimension_numbers"]
+    out_spec = dn.out_spec
+    groups = params["feature_group_count"]
+    g = st.transpose(ct, (out_spec[1], out_spec[0]) + tuple(out_spec[2:]))
+    shape = aval_of(g).shape
+    t = int(np.prod(shape[1:], dtype=np.int64))
+    return st.transpose(st.reshape(g, (groups, shape[0] // groups, t)), (0, 2, 1))
+
+
+def _conv_ghost(k, p, uses):
+    """A _Ghost for a kernel used only by convolutions (all with the same
+    kernel layout and groups), or None."""
+    first = uses[0].eqn.params
+    for u in uses:
+        q = u.eqn.params
+        if (q["dimension_numbers"].rhs_spec != first["dimension_numbers"].rhs_spec
+                or q["feature_group_count"] != first["feature_group_count"]):
+            return None
+    rhs_spec = first["dimension_numbers"].rhs_spec
+    shape = p.aval.shape
+    groups = first["feature_group_count"]
+    g = _Ghost()
+    g.kind, g.index, g.uses, g.key = "conv", k, uses, None
+    g.bd = groups
+    g.x = int(shape[rhs_spec[1]] * np.prod([shape[d] for d in rhs_spec[2:]], dtype=np.int64))
+    g.y = shape[rhs_spec[0]] // groups
+    g.t = sum(u.t for u in uses)
+    g.form = _choose_form(g.t, g.x, g.y)
+    g.conv = rhs_spec
+    return g
+
+
+# Gathers (NOTE [ghost norms]): a parameter read by gathers whose windows are
+# whole "rows" (every axis the indices address is sliced at size 1 or in
+# full, the others in full) has per-example gradient sum_t (row of the
+# window at position t) += g_t, and two positions either read the same
+# window or disjoint ones, so ||dW_i||^2 = sum_{t,s} [key_t == key_s] g_t.g_s
+# with key the window's effective start (clamped as the gather clamps; a
+# window the gather drops contributes nothing).
+
+
+def _gather_use(eqn, pos, axmap, shape):
+    from jax.lax import GatherScatterMode
+
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    if pos != 0 or axmap != tuple(range(len(axmap))) or getattr(dn, "operand_batching_dims", ()):
+        return None
+    if p["mode"] not in (GatherScatterMode.CLIP, GatherScatterMode.FILL_OR_DROP,
+                         GatherScatterMode.PROMISE_IN_BOUNDS):
+        return None
+    sizes = p["slice_sizes"]
+    indexed = set(dn.start_index_map)
+    if len(indexed) != len(dn.start_index_map):
+        return None
+    for d, (z, n) in enumerate(zip(sizes, shape)):
+        if z != n and not (d in indexed and z == 1):
+            return None
+    use = _Use()
+    use.eqn, use.pos, use.swap = eqn, pos, False
+    use.a_perm = use.g_perm = None
+    idx = eqn.inputs[1].aval
+    use.t = int(np.prod(idx.shape[:-1], dtype=np.int64))
+    return use
+
+
+def _gather_ghost(k, p, uses):
+    first = uses[0].eqn.params["slice_sizes"]
+    if any(u.eqn.params["slice_sizes"] != first for u in uses):
+        return None
+    g = _Ghost()
+    g.kind, g.index, g.uses, g.key, g.conv = "gather", k, uses, None, None
+    g.bd, g.x = 1, int(np.prod(first, dtype=np.int64))
+    g.y = int(np.prod(p.aval.shape, dtype=np.int64))
+    g.t = sum(u.t for u in uses)
+    # t x t comparisons per example against the |W| of its own gradient
+    if g.t * g.t > g.y:
+        return None
+    g.form = "index"
+    return g
+
+
+def _gather_keys(idx, params, operand_shape):
+    """(t, rank) effective window starts and (t,) whether the window counts."""
+    from jax.lax import GatherScatterMode
+
+    dn = params["dimension_numbers"]
+    sizes = params["slice_sizes"]
+    ia = aval_of(idx)
+    t = int(np.prod(ia.shape[:-1], dtype=np.int64))
+    idx = st.reshape(idx, (t, ia.shape[-1]))
+    cols = [fnp.zeros((t,), ia.dtype)] * len(operand_shape)
+    valid = None
+    for j, d in enumerate(dn.start_index_map):
+        s = idx[:, j]
+        bound = operand_shape[d] - sizes[d]
+        if params["mode"] == GatherScatterMode.CLIP:
+            s = fnp.clip(s, 0, bound)
+        else:
+            ok = (s >= 0) & (s <= bound)
+            valid = ok if valid is None else valid & ok
+        cols[d] = s
+    return fnp.stack(cols, axis=1), valid
+
+
+def _gather_cotangent(ct, params):
+    """A gather's output cotangent as (t, window size): batch axes first,
+    the window's axes in the operand's order."""
+    dn = params["dimension_numbers"]
+    shape = aval_of(ct).shape
+    offset = tuple(dn.offset_dims)
+    batch = tuple(d for d in range(len(shape)) if d not in offset)
+    g = st.transpose(ct, batch + offset)
+    t = int(np.prod([shape[d] for d in batch], dtype=np.int64))
+    return st.reshape(g, (t, int(np.prod([shape[d] for d in offset], dtype=np.int64))))
 
 
 def _analyse(graph, n_params):
@@ -303,7 +513,7 @@ def _analyse(graph, n_params):
         if not is_inexact_dtype(p.aval.dtype) or is_complex_dtype(p.aval.dtype):
             plans.append("fallback")
             continue
-        found = []
+        found, convs, gathers = [], [], []
 
         def collect(var, axmap):
             if var in outputs:
@@ -315,12 +525,28 @@ def _analyse(graph, n_params):
                     perm = eqn.params["permutation"]
                     if not collect(eqn.outputs[0], tuple(axmap[j] for j in perm)):
                         return False
+                elif eqn.prim is conv_p:
+                    use = _conv_use(eqn, pos, axmap)
+                    if use is None:
+                        return False
+                    convs.append(use)
+                elif eqn.prim is gather_p:
+                    use = _gather_use(eqn, pos, axmap, p.aval.shape)
+                    if use is None:
+                        return False
+                    gathers.append(use)
                 else:
                     return False
             return True
 
-        if not collect(p, tuple(range(p.aval.ndim))) or not found:
+        ok = collect(p, tuple(range(p.aval.ndim)))
+        kinds_used = sum(bool(u) for u in (found, convs, gathers))
+        if not ok or kinds_used != 1:  # one kind of use only (else: fallback)
             plans.append("fallback")
+            continue
+        if convs or gathers:
+            g = (_conv_ghost if convs else _gather_ghost)(k, p, convs or gathers)
+            plans.append(g if g is not None else "fallback")
             continue
         # a use that contracts the axes another leaves free (x @ W and
         # y @ W.T) contributes g (x) a instead of a (x) g: the same layout with
@@ -332,17 +558,13 @@ def _analyse(graph, n_params):
             plans.append("fallback")
             continue
         g = _Ghost()
+        g.kind, g.conv = "dot", None
         g.index, g.key, g.uses = k, canon, [u for _, u in found]
         shape = p.aval.shape
         g.bd, g.x, g.y = (int(np.prod([shape[i] for i in axes], dtype=np.int64))
                           for axes in g.key)
         g.t = sum(u.t for u in g.uses)
-        if g.t == 1:
-            g.form = "outer"
-        elif g.t * (g.x + g.y) <= g.x * g.y:
-            g.form = "gram"
-        else:
-            g.form = "materialise"
+        g.form = _choose_form(g.t, g.x, g.y)
         plans.append(g)
     return plans
 
@@ -428,8 +650,11 @@ class _Plan:
         self.probe_of = probe_of
 
     def summary(self):
-        """Per parameter: 'outer', 'gram', 'materialise', 'fallback' or 'unused'."""
-        return [g.form if isinstance(g, _Ghost) else g for g in self.kinds]
+        """Per parameter: 'outer', 'gram', 'materialise' (products),
+        'conv-outer', 'conv-gram', 'conv-materialise' (convolution kernels),
+        'index' (gathered tables), 'fallback' or 'unused'."""
+        return [(g.form if g.kind != "conv" else "conv-" + g.form) if isinstance(g, _Ghost)
+                else g for g in self.kinds]
 
     def per_example(self, keep):
         """The function of one example mapped by vmap: (squared norm, and with
@@ -453,9 +678,27 @@ class _Plan:
             total = 0.0
             lrs = []
             for g in self.ghosts:
-                L, R = _canonical(g, operands, cts, self.probe_of)
-                total = total + _squared_norm(g, L, R)
-                lrs.append((L, R))
+                if g.kind == "dot":
+                    L, R = _canonical(g, operands, cts, self.probe_of)
+                    total = total + _squared_norm(g, L, R)
+                    lrs.append((L, R))
+                    continue
+                ks = [self.probe_of[u.eqn] for u in g.uses]
+                if g.kind == "conv":
+                    kernel = params[g.index]
+                    ls = [_patches(operands[k][0], aval_of(kernel), u.eqn.params)
+                          for k, u in zip(ks, g.uses)]
+                    rs = [_conv_cotangent(cts[k], u.eqn.params) for k, u in zip(ks, g.uses)]
+                    L, R = _joined(ls), _joined(rs)
+                    total = total + _squared_norm(g, L, R)
+                else:
+                    total = total + _index_norm(g, [operands[k][1] for k in ks],
+                                                [cts[k] for k in ks],
+                                                aval_of(params[g.index]).shape)
+                # the weighted sum is the operation's own kernel / table
+                # gradient over the whole batch: keep its operand and cotangent
+                lrs.append(([operands[k][1 - u.pos] for k, u in zip(ks, g.uses)],
+                            [cts[k] for k in ks]))
             for v in fb_grads:
                 v = _at_least_f32(v)
                 total = total + fnp.sum(fnp.real(v * fnp.conj(v)) if is_complex_dtype(
@@ -469,6 +712,9 @@ class _Plan:
         batched L, R and fallback gradients."""
         out = [None] * self.n_params
         for g, (L, R) in zip(self.ghosts, lrs):
+            if g.kind != "dot":
+                out[g.index] = _batched_param_grad(g, params[g.index], L, R, w)
+                continue
             if w is not None:  # scale the smaller of the two
                 if aval_of(L).size <= aval_of(R).size:
                     L = L * w.astype(aval_of(L).dtype).reshape((-1, 1, 1, 1))
@@ -493,6 +739,51 @@ class _Plan:
                 out[k] = fnp.zeros(a.shape, a.dtype)
         dtypes = [aval_of(p).dtype for p in params]
         return [o.astype(d) if aval_of(o).dtype != d else o for o, d in zip(out, dtypes)]
+
+
+def _joined(parts):
+    dtype = np.result_type(*[aval_of(v).dtype for v in parts])
+    parts = [v.astype(dtype) if aval_of(v).dtype != dtype else v for v in parts]
+    return parts[0] if len(parts) == 1 else st.concatenate(parts, 1)
+
+
+def _index_norm(ghost, idxs, cts, shape):
+    """sum_{t,s} [key_t == key_s] (g_t . g_s) over a gathered parameter's
+    uses (one example)."""
+    keys, valid, gs = [], [], []
+    for u, idx, ct in zip(ghost.uses, idxs, cts):
+        k, v = _gather_keys(idx, u.eqn.params, shape)
+        keys.append(k)
+        valid.append(fnp.ones((aval_of(k).shape[0],), bool) if v is None else v)
+        gs.append(_at_least_f32(_gather_cotangent(ct, u.eqn.params)))
+    cat = (lambda xs: xs[0]) if len(keys) == 1 else (lambda xs: st.concatenate(xs, 0))
+    key, ok, g = cat(keys), cat(valid), _joined([x[None] for x in gs])[0]
+    same = fnp.all(key[:, None, :] == key[None, :, :], axis=2) & ok[:, None] & ok[None, :]
+    gram = fnp.einsum("tx,sx->ts", g, g)
+    return fnp.sum(fnp.where(same, gram, fnp.zeros_like(gram)))
+
+
+def _batched_param_grad(ghost, param, operands, cts, w):
+    """sum_i w_i dparam_i for a convolution kernel or gathered table: the
+    gradient of the operation itself with the batch folded into it (one
+    ordinary backward convolution / scatter-add), cotangents scaled by w."""
+    from .grad import vjp
+
+    total = None
+    for u, other, ct in zip(ghost.uses, operands, cts):
+        if w is not None:
+            ct = ct * w.astype(aval_of(ct).dtype).reshape((-1,) + (1,) * (aval_of(ct).ndim - 1))
+        prim, params = u.eqn.prim, u.eqn.params
+        if ghost.kind == "conv":
+            def op(k, other=other, prim=prim, params=params):
+                return vmap(lambda x: bind(prim, x, k, **params))(other)
+        else:
+            def op(k, other=other, prim=prim, params=params):
+                return vmap(lambda i: bind(prim, k, i, **params))(other)
+        _, pull = vjp(op, param)
+        (d,) = pull(ct.astype(aval_of(param).dtype))
+        total = d if total is None else total + d
+    return total
 
 
 def _batched(plan, c, data, dims, keep):
@@ -626,10 +917,11 @@ def per_sample_grad_norms(loss, argnums=0, in_dims=0, *, chunk_size=None, max_me
     over all leaves of the differentiated argument(s) together, and equals
     `vmap(grad(loss), in_dims)` followed by that norm. Weights used in
     products (`x @ W`, `W @ x`, einsum contractions, shared weights used
-    several times) contribute through their activations and output
-    cotangents only; other parameters (biases, normalisation scales,
-    convolution kernels, embeddings, weights inside scan) through their own
-    per-example gradients.
+    several times), convolution kernels (through the input's patches) and
+    embedding tables read by row (`W[ids]`, through the equality of the
+    ids) contribute through their activations and output cotangents only;
+    other parameters (biases, normalisation scales, weights inside scan)
+    through their own per-example gradients. `ghost_plan` says which.
 
     Args:
       loss: the loss of ONE example, returning a real scalar, e.g.
