@@ -99,6 +99,7 @@ def outcomes():
     return results
 
 
+@pytest.mark.slow  # about a minute: a few Python processes run every block
 @pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
 def test_python_blocks_run_alone(path, outcomes):
     rel = str(path.relative_to(ROOT))
