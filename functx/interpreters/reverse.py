@@ -43,9 +43,11 @@ and the others are the constant values; `ct` is a list for primitives with
 multiple results (with `Zero` where an output got no cotangent).
 """
 
+from jax._src.core import EvalTrace as _JaxEvalTrace
+
 from .. import core as _core
 from .. import xla_cpu
-from ..core import Aval, Zero, aval_of, bind, check_tree_usable, check_usable, missing_rule
+from ..core import TRACER_TYPES, Aval, Zero, aval_of, bind, check_tree_usable, check_usable, missing_rule
 from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
@@ -343,12 +345,18 @@ _backward = RepeatCache("backward passes", after=2, limit=1024, byte_limit=384 <
 
 
 def compiled_backward(graph, cts):
-    """`backward_pass(graph, cts)` by one compiled program when a tape of
-    this structure has been transposed before; None when it should run
-    primitive by primitive."""
+    """`backward_pass(graph, cts)` in one step when a tape of this structure
+    has been transposed before: one compiled program on concrete arrays,
+    one staged `jit_call` on the values of enclosing eager transforms (NOTE
+    [staged backward passes]). None when it should run primitive by
+    primitive."""
+    concrete = True
     for c in cts:
-        if type(c) is not ArrayImpl:
-            return None
+        t = type(c)
+        if t is not ArrayImpl:
+            if t not in TRACER_TYPES:
+                return None
+            concrete = False
     index = {v: i for i, v in enumerate(graph.inputs)}
     consts, sig = [], []
     for eqn in graph.eqns:
@@ -358,16 +366,25 @@ def compiled_backward(graph, cts):
                 ins.append(index[x])
             else:
                 v = x.value
-                if type(v) is ArrayImpl or type(v) in CONSTANT_TYPES:
+                t = type(v)
+                if t is ArrayImpl or t in CONSTANT_TYPES:
                     ins.append(-1 - len(consts))
                     consts.append(v)
-                elif type(v) in (int, float, bool):
-                    ins.append((v, type(v)))
+                elif t in TRACER_TYPES:
+                    ins.append(-1 - len(consts))
+                    consts.append(v)
+                    concrete = False
+                elif t in (int, float, bool):
+                    ins.append((v, t))
                 else:
                     return None
         for o in eqn.outputs:
             index[o] = len(index)
         sig.append((eqn.prim, tuple(eqn.params.items()), tuple(ins)))
+        if not concrete and eqn.prim.effectful:
+            return None
+    if not concrete:
+        return _staged_backward(graph, consts, cts, sig, index)
     try:
         outs = tuple(index[x] for x in graph.outputs)
         key = (tuple(sig), outs, tuple(v.aval for v in graph.inputs),
@@ -381,12 +398,15 @@ def compiled_backward(graph, cts):
     return [Zero(v.aval) if c is None else c for v, c in zip(graph.inputs, out)]
 
 
-def _compile_backward(graph, consts, cts):
-    """A jitted `(consts, cts) -> input cotangents (None for zeros)` for
-    every tape with the structure of `graph`; holds no value of `graph`."""
+def _template(graph, consts, avals=None):
+    """`graph` with the constants `consts` (by identity; `avals` their
+    avals) turned into input variables: (equations, those variables in the
+    order of `consts`). The result holds none of their values."""
+    if avals is None:
+        avals = [input_aval(c) for c in consts]
     const_vars = {}
-    for c in consts:
-        const_vars[id(c)] = Var(input_aval(c))
+    for c, a in zip(consts, avals):
+        const_vars[id(c)] = Var(a)
 
     def convert(x):
         if type(x) is Const and id(x.value) in const_vars:
@@ -394,8 +414,14 @@ def _compile_backward(graph, consts, cts):
         return x
 
     eqns = [Eqn(e.prim, [convert(x) for x in e.inputs], e.outputs, e.params) for e in graph.eqns]
+    return eqns, [const_vars[id(c)] for c in consts]
+
+
+def _compile_backward(graph, consts, cts):
+    """A jitted `(consts, cts) -> input cotangents (None for zeros)` for
+    every tape with the structure of `graph`; holds no value of `graph`."""
+    eqns, order = _template(graph, consts)
     template = Graph(list(graph.inputs), eqns, list(graph.outputs))
-    order = [const_vars[id(c)] for c in consts]
 
     def transpose(const_vals, cts):
         in_cts = backward_pass(template, cts, known=dict(zip(order, const_vals)))
@@ -404,6 +430,72 @@ def _compile_backward(graph, consts, cts):
     transpose.__name__ = transpose.__qualname__ = "functx_backward"
     fn = xla_cpu.jit_by_size(transpose, xla_cpu.sizes_in_graph(template))
     return fn, compile_ahead(fn, list(consts), list(cts))
+
+
+# NOTE [staged backward passes]
+# A tape recorded inside other eager transforms (the inner `grad` of MAML, of
+# `vmap(grad)`, of `hessian`) holds residuals that are those transforms'
+# tracers, and gets tracer cotangents. Transposed primitive by primitive,
+# each of its equations would go through every enclosing interpreter: a
+# batching rule, a fused step, a queued step each. Instead, once a tape
+# structure repeats, its transpose is staged once as a graph
+# (`transpose_graph` of the tape with its constants as inputs) and applied
+# as one `jit_call`: the enclosing interpreters see one primitive, whose
+# batched, jvp and fused forms they cache per graph like any `functx.jit`
+# call's. Only when every interpreter is eager (nothing is staging: under
+# `functx.jit` or `make_graph` the transposed equations stay visible in the
+# staged program, e.g. to NOTE [ghost norms]); never with tape hooks, an
+# anomaly check or an effectful primitive on the tape (they see each
+# equation).
+
+# tape structure -> (transposed graph, which inputs get a cotangent)
+_staged = RepeatCache("staged backward passes", after=1, limit=1024,
+                      doc="eager reverse mode inside other eager transforms: one staged "
+                          "transpose per tape structure (NOTE [staged backward passes])")
+
+
+def _all_eager():
+    stack = _core_state.stack
+    if not stack or type(stack[0].jax_trace) is not _JaxEvalTrace:
+        return False
+    for interp in stack:
+        if isinstance(interp, StagingInterpreter):
+            return False
+    return True
+
+
+_jit_call = None
+
+
+def _staged_backward(graph, consts, cts, sig, index):
+    global _jit_call
+    if _core.eager_hook is not None or not _all_eager():
+        return None
+    const_avals = [input_aval(c) for c in consts]
+    try:
+        outs = tuple(index[x] for x in graph.outputs)
+        key = (tuple(sig), outs, tuple(v.aval for v in graph.inputs), tuple(const_avals),
+               tuple(aval_of(c) for c in cts))
+        staged = _staged.get(key, lambda: _stage_backward(graph, consts, const_avals, len(cts)))
+    except (KeyError, TypeError):  # a constant output, unhashable parameters
+        return None
+    if staged is None:
+        return None
+    transposed, in_nonzero = staged
+    if _jit_call is None:
+        from ..primitives.call import jit_call
+
+        _jit_call = jit_call
+    outs = iter(_core.bind(_jit_call, *consts, *cts, graph=transposed, name="backward")
+                if any(in_nonzero) else ())
+    return [next(outs) if nz else Zero(v.aval) for v, nz in zip(graph.inputs, in_nonzero)]
+
+
+def _stage_backward(graph, consts, const_avals, n_cts):
+    eqns, order = _template(graph, consts, const_avals)
+    full = Graph(list(graph.inputs) + order, eqns, list(graph.outputs))
+    linear = (True,) * len(graph.inputs) + (False,) * len(order)
+    return transpose_graph(full, linear, (True,) * n_cts), None
 
 
 class LinearMap:

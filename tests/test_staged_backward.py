@@ -1,0 +1,108 @@
+"""NOTE [staged backward passes] (functx/interpreters/reverse.py): a tape
+recorded inside other eager transforms is transposed as one staged
+`jit_call` once its structure repeats. Results equal JAX's and the
+per-equation path's; nothing staged by functx.jit/make_graph changes; the
+cache holds no value of the calls that filled it."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import functx as fx
+import functx.numpy as fnp
+from functx import caches
+from functx.interpreters import reverse
+
+rng = np.random.default_rng(3)
+W = jnp.asarray(rng.uniform(-1, 1, (5, 3)))
+XS = jnp.asarray(rng.uniform(-1, 1, (4, 3)))
+YS = jnp.asarray(rng.uniform(-1, 1, (4, 5)))
+
+
+def loss(w, x, y):
+    return jnp.mean((jnp.tanh(w @ x) - y) ** 2) + jnp.sum(jax.nn.relu(w)) / 7.0
+
+
+def adapted(w, x, y):  # two inner SGD steps, then the loss (MAML's shape)
+    for _ in range(2):
+        w = w - 0.1 * fx.grad(loss)(w, x, y)
+    return loss(w, x, y)
+
+
+def adapted_jax(w, x, y):
+    for _ in range(2):
+        w = w - 0.1 * jax.grad(loss)(w, x, y)
+    return loss(w, x, y)
+
+
+def _warm(fn, *args, calls=4):
+    out = None
+    for _ in range(calls):
+        out = fn(*args)
+        caches.wait_for_compiles()
+    return out
+
+
+def _staged_entries():
+    return reverse._staged.info()["entries"]
+
+
+CASES = {
+    "vmap(grad)": (lambda: fx.vmap(fx.grad(loss), in_dims=(None, 0, 0)),
+                   lambda: jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))),
+    "grad(vmap(grad)) (MAML)": (
+        lambda: fx.grad(lambda w, x, y: fnp.mean(fx.vmap(adapted, in_dims=(None, 0, 0))(w, x, y))),
+        lambda: jax.grad(lambda w, x, y: jnp.mean(jax.vmap(adapted_jax, in_axes=(None, 0, 0))(w, x, y)))),
+    "hessian": (lambda: lambda w, x, y: fx.hessian(loss)(w, x[0], y[0]),
+                lambda: lambda w, x, y: jax.hessian(loss)(w, x[0], y[0])),
+    "jacfwd(grad)": (lambda: lambda w, x, y: fx.jacfwd(fx.grad(loss), argnums=1)(w, x[0], y[0]),
+                     lambda: lambda w, x, y: jax.jacfwd(jax.grad(loss), argnums=1)(w, x[0], y[0])),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_staged_transpose_equals_jax_and_the_per_equation_path(case):
+    make, make_jax = CASES[case]
+    fn = make()
+    reverse._staged.clear()
+    first = fn(W, XS, YS)  # per equation: the structure is new
+    warm = _warm(fn, W, XS, YS)
+    assert _staged_entries() >= 1, "no tape was transposed as one staged call"
+    expected = make_jax()(W, XS, YS)
+    for out in (first, warm, fn(W, XS, YS)):
+        np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-11, atol=1e-13)
+
+
+def test_staged_transpose_not_used_while_staging():
+    """Under functx.jit / make_graph the inner tape's transpose stays as its
+    equations (the program is compiled whole anyway, and graph analyses see
+    the products)."""
+    fn = fx.vmap(fx.grad(loss), in_dims=(None, 0, 0))
+    _warm(fn, W, XS, YS)
+    assert _staged_entries() >= 1
+    graph = fx.make_graph(fn)(W, XS, YS)
+    prims = {e.prim.name for e in graph.eqns}
+    assert "jit_call" not in prims and "dot_general" in prims
+    np.testing.assert_allclose(np.asarray(fx.jit(fn)(W, XS, YS)), np.asarray(fn(W, XS, YS)),
+                               rtol=1e-12)
+
+
+def test_staged_transpose_holds_no_value_of_a_call():
+    fn = fx.vmap(fx.grad(loss), in_dims=(None, 0, 0))
+    _warm(fn, W, XS, YS)
+    x = jnp.asarray(rng.uniform(-1, 1, (4, 3)))
+    ref = weakref.ref(x)
+    fn(W, x, YS)
+    del x
+    gc.collect()
+    assert ref() is None, "a cache kept an input of the call alive"
+    for value in reverse._staged.entries.values():
+        transposed, _ = value
+        for eqn in transposed.eqns:
+            for v in eqn.inputs:
+                assert type(getattr(v, "value", None)) not in fx.core.TRACER_TYPES
