@@ -9,7 +9,9 @@ implementations' results are checked against jax.jit's. Timing interleaves
 the implementations: each round times each of them once (several calls,
 JAX outputs blocked on), and the table shows the median over the rounds.
 Steady state means after warm-up calls: functx eager compiles a repeated
-primitive step on its second sighting and a repeated tape on its third.
+primitive step on its second sighting and a repeated tape on its third, off
+the calling thread; the warm-up repeats calls until no compile is left
+(`settle`).
 
 Tables printed:
   1. steady-state median time per call, and the ratios;
@@ -406,6 +408,28 @@ def seconds_per_call(call, number):
 WARMUP_CALLS = 3  # functx eager compiles a repeated step on its 2nd sighting, a tape on its 3rd
 
 
+def settle(call, wait_for_compiles, max_rounds=8):
+    """Warm-up: call until functx eager compiles nothing new. Its compiles
+    run off the calling thread and one can make the next (once a fused step
+    is compiled, the queue of deferred steps has a new structure, which is
+    compiled in turn): so call, wait for the compile thread, and repeat
+    until a round submits nothing."""
+    from functx.caches import cache_info
+
+    def submitted():
+        return sum(v.get("entries", 0) + v.get("pending", 0) for v in cache_info().values())
+
+    before = None
+    for _ in range(max_rounds):
+        seconds_per_call(call, WARMUP_CALLS)
+        wait_for_compiles()
+        seconds_per_call(call, 1)  # ... picks up what was compiled
+        now = submitted()
+        if now == before:
+            return
+        before = now
+
+
 def interleaved_medians(calls, rounds, target_s, numbers):
     """Median seconds per call of each implementation, after warm-up calls.
     Each round times every implementation once (enough calls to take about
@@ -413,9 +437,7 @@ def interleaved_medians(calls, rounds, target_s, numbers):
     from functx.caches import wait_for_compiles
 
     for name, call in calls.items():
-        seconds_per_call(call, WARMUP_CALLS)
-        wait_for_compiles()  # functx eager compiles repeated steps off the calling thread
-        seconds_per_call(call, 1)  # ... and picks them up on the next call
+        settle(call, wait_for_compiles)
         once = seconds_per_call(call, 1)
         numbers[name] = max(1, min(200, int(target_s / max(once, 1e-7))))
     samples = {name: [] for name in calls}
