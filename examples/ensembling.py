@@ -33,9 +33,16 @@ import functx.numpy as fnp
 
 start = time.perf_counter()
 
+
+def progress(message):
+    """A line saying what the next step is, stamped with the seconds so far."""
+    print(f"[{time.perf_counter() - start:5.1f} s] {message}", flush=True)
+
+
 NUM_MODELS, IN, WIDTH, OUT, DEPTH = 10, 16, 32, 4, 2
 BATCH = 64
 
+progress(f"building {NUM_MODELS} Equinox MLPs ...")
 keys = jax.random.split(jax.random.PRNGKey(0), NUM_MODELS)
 models = [
     eqx.nn.MLP(IN, OUT, WIDTH, DEPTH, activation=jax.nn.tanh, key=k, dtype=jnp.float64)
@@ -57,6 +64,36 @@ def make_data(*shape):
 
 xs_per_model, labels_per_model = make_data(NUM_MODELS, BATCH)
 xs_shared, labels_shared = make_data(BATCH)
+
+# %% [markdown]
+# ## Figures
+#
+# Figures are drawn with matplotlib: inline in a notebook; as a script, off
+# screen (the Agg backend) and saved as PNG to `$FUNCTX_FIGURES_DIR`, or else
+# to `examples/figures/` next to this file (a temporary folder where there is
+# no file, as in a notebook).
+
+# %%
+import os
+import pathlib
+import sys
+import tempfile
+
+import matplotlib
+
+if "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def save_figure(fig, name):
+    folder = os.environ.get("FUNCTX_FIGURES_DIR") or (
+        pathlib.Path(__file__).resolve().parent / "figures" if "__file__" in globals()
+        else pathlib.Path(tempfile.gettempdir()) / "functx-figures")
+    path = pathlib.Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"figure saved to {path}")
 
 # %% [markdown]
 # ## Stacking the models
@@ -111,6 +148,7 @@ def loop_predict(xs_for):
 # empty here; a dimension for an empty dict is allowed and maps nothing.)
 
 # %%
+progress("forward pass, a minibatch per model (eager), and the loop over models ...")
 ensemble_different = functx.vmap(predict, in_dims=(0, 0, 0))
 logits = ensemble_different(params, buffers, xs_per_model)
 expected = loop_predict(lambda i: xs_per_model[i])
@@ -126,6 +164,7 @@ print("different minibatches: matches the loop over models")
 # maps over the weights only; every model gets the whole of `xs_shared`.
 
 # %%
+progress("forward pass, one minibatch for all models ...")
 ensemble_same = functx.vmap(predict, in_dims=(0, 0, None))
 logits_same = ensemble_same(params, buffers, xs_shared)
 expected_same = loop_predict(lambda i: xs_shared)
@@ -153,6 +192,7 @@ def loss(params, buffers, xs, labels):
     return -fnp.mean(fnp.take_along_axis(logp, labels[:, None], axis=1))
 
 
+progress("per-model gradients (eager), and eqx.filter_value_and_grad per model ...")
 per_model_grad = functx.vmap(functx.grad(loss), in_dims=(0, 0, 0, 0))
 grads = per_model_grad(params, buffers, xs_per_model, labels_per_model)
 assert set(grads) == set(params)
@@ -196,15 +236,19 @@ def train_step(params, buffers, xs, labels):
     return {k: params[k] - LR * grads[k] for k in params}, losses
 
 
+progress("compiling the training step ...")
 new_params, first_losses = train_step(params, buffers, xs_per_model, labels_per_model)
 np.testing.assert_allclose(first_losses, jnp.stack(ref_losses), rtol=1e-10)
 for k in params:
     np.testing.assert_allclose(new_params[k], params[k] - LR * grads[k], rtol=1e-10,
                                atol=1e-12, err_msg=k)
 
-trained = new_params
+progress("training all models for 50 steps ...")
+trained, history = new_params, [first_losses]
 for step in range(1, 50):
     trained, losses = train_step(trained, buffers, xs_per_model, labels_per_model)
+    history.append(losses)
+history = np.asarray(jnp.stack(history))  # (step, model)
 print("training loss per model, step 0: ", np.round(np.asarray(first_losses), 2))
 print("training loss per model, step 49:", np.round(np.asarray(losses), 2))
 assert bool(jnp.all(losses < 0.5 * first_losses)), "every model's training loss should halve"
@@ -215,6 +259,7 @@ assert bool(jnp.all(losses < 0.5 * first_losses)), "every model's training loss 
 # weights.
 
 # %%
+progress("the trained models on the shared minibatch ...")
 logits_trained = ensemble_same(trained, buffers, xs_shared)
 each = jnp.mean(fnp.argmax(logits_trained, axis=-1) == labels_shared, axis=1)
 probs = fnp.mean(functx.nn.softmax(logits_trained, axis=-1), axis=0)
@@ -222,5 +267,22 @@ accuracy = float(jnp.mean(fnp.argmax(probs, axis=-1) == labels_shared))
 print(f"held-out accuracy: single models {float(each.min()):.2f}-{float(each.max()):.2f}, "
       f"ensemble {accuracy:.2f}")
 assert accuracy > 0.8, accuracy
+
+# %% [markdown]
+# The training losses of the ten models, trained in one vmapped program, and
+# what averaging their predicted probabilities buys on held-out data.
+
+# %%
+fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
+ax_loss.plot(np.arange(len(history)), history, lw=1)
+ax_loss.set(yscale="log", xlabel="training step", ylabel="training loss (cross-entropy)",
+            title=f"{NUM_MODELS} models, one vmapped training step")
+ax_acc.bar(np.arange(NUM_MODELS), np.asarray(each), color="tab:blue", label="single model")
+ax_acc.axhline(accuracy, color="tab:red", label=f"ensemble ({accuracy:.2f})")
+ax_acc.set(ylim=(0, 1), xticks=np.arange(NUM_MODELS), xlabel="model",
+           ylabel="held-out accuracy", title="held-out accuracy")
+ax_acc.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+fig.tight_layout()
+save_figure(fig, "ensembling")
 
 print(f"ensembling example: all checks passed in {time.perf_counter() - start:.1f} s")

@@ -32,6 +32,12 @@ t_start = time.perf_counter()
 rng = np.random.default_rng(0)
 
 
+def progress(message):
+    """A line saying what the next step is, stamped with the seconds so far."""
+    print(f"[{time.perf_counter() - t_start:5.1f} s] {message}", flush=True)
+
+
+
 def close(a, b, tol=1e-10):
     """Largest difference, relative to the size of `b`; asserts it is small."""
     a, b = np.asarray(a), np.asarray(b)
@@ -39,6 +45,36 @@ def close(a, b, tol=1e-10):
     err = float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-300))
     assert err < tol, err
     return err
+
+# %% [markdown]
+# ## Figures
+#
+# Figures are drawn with matplotlib: inline in a notebook; as a script, off
+# screen (the Agg backend) and saved as PNG to `$FUNCTX_FIGURES_DIR`, or else
+# to `examples/figures/` next to this file (a temporary folder where there is
+# no file, as in a notebook).
+
+# %%
+import os
+import pathlib
+import sys
+import tempfile
+
+import matplotlib
+
+if "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def save_figure(fig, name):
+    folder = os.environ.get("FUNCTX_FIGURES_DIR") or (
+        pathlib.Path(__file__).resolve().parent / "figures" if "__file__" in globals()
+        else pathlib.Path(tempfile.gettempdir()) / "functx-figures")
+    path = pathlib.Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"figure saved to {path}")
 
 
 # %% [markdown]
@@ -66,6 +102,7 @@ def f(x):
     return layer(W, b, x)
 
 
+progress("Jacobians of a tanh layer, and JAX's for reference ...")
 J_rev = functx.jacrev(f)(x)
 J_fwd = functx.jacfwd(f)(x)
 print("Jacobian of R^5 -> R^3:", J_rev.shape)
@@ -96,6 +133,7 @@ print(f"jacrev vs central finite differences: max relative difference {fd_err:.1
 # 3 × (3 × 5), ∂f/∂b is 3 × 3, ∂f/∂x is 3 × 5.
 
 # %%
+progress("Jacobians with respect to three arguments ...")
 for jac_fx, jac_jax in [(functx.jacrev, jax.jacrev), (functx.jacfwd, jax.jacfwd)]:
     dW, db, dx = jac_fx(layer, argnums=(0, 1, 2))(W, b, x)
     ref = jax.jit(jac_jax(layer, argnums=(0, 1, 2)))(W, b, x)
@@ -115,6 +153,7 @@ print("argnums=(0, 1, 2): shapes", dW.shape, db.shape, dx.shape)
 
 # %%
 xs = jnp.asarray(rng.standard_normal((16, N)))
+progress("batched Jacobians ...")
 batched = functx.vmap(functx.jacrev(f))(xs)
 assert batched.shape == (16, M, N)
 close(batched, jax.jit(jax.vmap(jax.jacrev(f)))(xs))
@@ -148,6 +187,7 @@ def loss(x):
     return 0.5 * fnp.sum((layer(W, b, x) - target) ** 2)
 
 
+progress("Hessians, three ways ...")
 H = functx.hessian(loss)(x)
 assert H.shape == (N, N)
 close(H, jax.jit(jax.hessian(loss))(x))
@@ -169,6 +209,7 @@ print("Hessian of the loss:", H.shape)
 
 # %%
 v = jnp.asarray(rng.standard_normal(N))
+progress("Hessian-vector products ...")
 value, (Hv,) = functx.hvp(loss, (x,), (v,))
 _, (vH,) = functx.vhp(loss, (x,), (v,))
 close(value, loss(x))
@@ -176,6 +217,73 @@ close(Hv, H @ v)
 close(vH, v @ H)
 close(Hv, jax.jit(lambda x, v: jax.jvp(jax.grad(loss), (x,), (v,))[1])(x, v))  # JAX's hvp
 print("hvp and vhp agree with H @ v")
+
+# %% [markdown]
+# ## The Hessian of a network's loss with respect to its weights
+#
+# Curvature studies look at the eigenvalues of the Hessian of the training
+# loss in parameter space. For a small tanh network (3 → 10 → 10 → 1, 161
+# weights) on a regression batch of 64 examples, `ravel_pytree` flattens the
+# weights into one vector θ, and `functx.hessian` of the loss as a function
+# of θ gives the 161 × 161 matrix, checked against `jax.hessian`.
+
+# %%
+from jax.flatten_util import ravel_pytree
+
+small_net = [(jnp.asarray(rng.standard_normal((m, n)) / np.sqrt(n)),
+              jnp.asarray(0.1 * rng.standard_normal(m)))
+             for n, m in zip([3, 10, 10], [10, 10, 1])]
+theta0, unravel = ravel_pytree(small_net)
+X_reg = jnp.asarray(rng.standard_normal((64, 3)))
+Y_reg = jnp.sin(X_reg.sum(axis=1))
+
+
+def scalar_net(params, x):
+    for W_, b_ in params[:-1]:
+        x = fnp.tanh(W_ @ x + b_)
+    W_, b_ = params[-1]
+    return (W_ @ x + b_)[0]
+
+
+def regression_loss(theta, X, Y):
+    weights = unravel(theta)
+    return fnp.mean((functx.vmap(lambda x: scalar_net(weights, x))(X) - Y) ** 2)
+
+
+def jax_regression_loss(theta, X, Y):
+    weights = unravel(theta)
+    return jnp.mean((jax.vmap(lambda x: scalar_net(weights, x))(X) - Y) ** 2)
+
+
+progress(f"compiling the {theta0.size} x {theta0.size} Hessian of the loss, and JAX's ...")
+H_weights = functx.jit(functx.hessian(regression_loss))(theta0, X_reg, Y_reg)
+close(H_weights, jax.jit(jax.hessian(jax_regression_loss))(theta0, X_reg, Y_reg))
+close(H_weights, H_weights.T)
+spectrum = np.linalg.eigvalsh(np.asarray(H_weights))
+print(f"Hessian in weight space: {H_weights.shape}, eigenvalues from {spectrum[0]:.2f} "
+      f"to {spectrum[-1]:.2f}; {int(np.sum(np.abs(spectrum) < 1e-3 * spectrum[-1]))} of them "
+      "smaller in magnitude than 0.1% of the largest")
+
+# %% [markdown]
+# Left, the batched Jacobian of `vmap(f)` (16 examples × 3 outputs against
+# 16 examples × 5 inputs): nonzero only in the diagonal blocks, the
+# per-example Jacobians. Right, the eigenvalues of the weight-space Hessian,
+# sorted: a few large ones, many near zero, and negative ones (at random
+# initial weights the loss is not convex).
+
+# %%
+fig, (ax_jac, ax_eig) = plt.subplots(1, 2, figsize=(10, 4))
+image = ax_jac.imshow(np.abs(np.asarray(full).reshape(16 * M, 16 * N)), cmap="viridis")
+ax_jac.set(title="|jacrev(vmap(f))|: block diagonal", xlabel="example × input",
+           ylabel="example × output")
+fig.colorbar(image, ax=ax_jac, shrink=0.8)
+ax_eig.plot(np.arange(1, spectrum.size + 1), spectrum, ".", color="tab:purple")
+ax_eig.axhline(0.0, color="gray", lw=0.8)
+ax_eig.set_yscale("symlog", linthresh=1e-2)
+ax_eig.set(xlabel="index (sorted)", ylabel="eigenvalue (symlog)",
+           title=f"Hessian spectrum of a {theta0.size}-weight network's loss")
+fig.tight_layout()
+save_figure(fig, "jacobians_hessians")
 
 # %% [markdown]
 # ## Cost: reverse mode for wide functions, forward mode for tall ones
@@ -223,6 +331,7 @@ def best_time(fn, *args, repeats=20):
 jac_rev = functx.jit(functx.jacrev(net, argnums=1))
 jac_fwd = functx.jit(functx.jacfwd(net, argnums=1))
 
+progress("compiling and timing jacrev and jacfwd on a wide and a tall network ...")
 print(f"{'function':<22}{'jacrev':>12}{'jacfwd':>12}")
 for name, sizes in [("wide R^512 -> R^4", [512, 256, 256, 4]),
                     ("tall R^4 -> R^512", [4, 256, 256, 512])]:

@@ -30,6 +30,12 @@ import functx.numpy as fnp
 start = time.perf_counter()
 rng = np.random.default_rng(0)
 
+
+def progress(message):
+    """A line saying what the next step is, stamped with the seconds so far."""
+    print(f"[{time.perf_counter() - start:5.1f} s] {message}", flush=True)
+
+
 SHOTS = 10  # support and query points per task
 TASKS = 32  # tasks per meta-batch
 INNER_STEPS = 2  # SGD steps on the support set
@@ -48,6 +54,36 @@ def sample_tasks(n):
         return jnp.asarray(x), jnp.asarray(amp * np.sin(x + phase))
 
     return (*points(), *points())  # x_support, y_support, x_query, y_query
+
+# %% [markdown]
+# ## Figures
+#
+# Figures are drawn with matplotlib: inline in a notebook; as a script, off
+# screen (the Agg backend) and saved as PNG to `$FUNCTX_FIGURES_DIR`, or else
+# to `examples/figures/` next to this file (a temporary folder where there is
+# no file, as in a notebook).
+
+# %%
+import os
+import pathlib
+import sys
+import tempfile
+
+import matplotlib
+
+if "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def save_figure(fig, name):
+    folder = os.environ.get("FUNCTX_FIGURES_DIR") or (
+        pathlib.Path(__file__).resolve().parent / "figures" if "__file__" in globals()
+        else pathlib.Path(tempfile.gettempdir()) / "functx-figures")
+    path = pathlib.Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"figure saved to {path}")
 
 
 # %% [markdown]
@@ -142,6 +178,7 @@ def jax_meta_loss(params, tasks):
 
 params0 = init_params()
 check_tasks = sample_tasks(TASKS)
+progress("compiling the meta-gradient (functx.jit), and JAX's reference ...")
 g_functx, loss_functx = meta_grad_and_loss(params0, check_tasks)
 loss_jax, g_jax = jax.jit(jax.value_and_grad(jax_meta_loss))(params0, check_tasks)
 np.testing.assert_allclose(loss_functx, loss_jax, rtol=1e-10)
@@ -174,10 +211,14 @@ def adam_update(params, grads, state, b1=0.9, b2=0.999, eps=1e-8):
 zeros = {k: jnp.zeros_like(w) for k, w in params0.items()}
 adam_state = (zeros, zeros, jnp.asarray(0.0))
 params, losses = params0, []
+progress(f"meta-training for {META_STEPS} meta-iterations ...")
 for step in range(META_STEPS):
     grads, loss = meta_grad_and_loss(params, sample_tasks(TASKS))
     params, adam_state = adam_update(params, grads, adam_state)
     losses.append(float(loss))
+    if (step + 1) % 50 == 0:
+        progress(f"meta-iteration {step + 1}/{META_STEPS}: meta-loss "
+                 f"{np.mean(losses[-50:]):.3f} (mean of the last 50)")
 first, last = np.mean(losses[:20]), np.mean(losses[-20:])
 print(f"meta-loss (query loss after {INNER_STEPS} inner steps), mean of 20 steps: "
       f"first {first:.3f}, last {last:.3f}")
@@ -205,6 +246,7 @@ def adaptation_curve(params, tasks, steps=5):
 
 
 test_tasks = sample_tasks(100)
+progress("compiling and running the adaptation curves on 100 new tasks ...")
 before = np.asarray(adaptation_curve(params0, test_tasks))
 after = np.asarray(adaptation_curve(params, test_tasks))
 print("query loss on new tasks after 0..5 inner steps")
@@ -212,5 +254,32 @@ print("  from the random initial weights:", np.round(before, 3))
 print("  from the meta-learned weights:  ", np.round(after, 3))
 assert after[INNER_STEPS] < 0.5 * before[INNER_STEPS], (before, after)
 assert after[-1] < after[0], "adapting should help from the meta-learned weights"
+
+# %% [markdown]
+# Left, the meta-loss during meta-training (each point one meta-batch of new
+# tasks, so it is noisy; the line is a running mean). Right, what it buys:
+# the query loss on new tasks along a few SGD steps, from the random and
+# from the meta-learned initial weights.
+
+# %%
+fig, (ax_meta, ax_adapt) = plt.subplots(1, 2, figsize=(10, 3.8))
+window = 20
+running = np.convolve(losses, np.ones(window) / window, mode="valid")
+ax_meta.plot(np.arange(1, META_STEPS + 1), losses, color="tab:blue", alpha=0.3, lw=1,
+             label="meta-batch")
+ax_meta.plot(np.arange(window, META_STEPS + 1), running, color="tab:blue",
+             label=f"running mean of {window}")
+ax_meta.set(yscale="log", xlabel="meta-iteration",
+            ylabel=f"query loss after {INNER_STEPS} inner steps", title="MAML meta-training")
+ax_meta.legend()
+steps = np.arange(len(before))
+ax_adapt.plot(steps, before, "o-", label="from random weights")
+ax_adapt.plot(steps, after, "o-", label="from meta-learned weights")
+ax_adapt.axvline(INNER_STEPS, color="gray", ls=":", lw=1)
+ax_adapt.set(yscale="log", xlabel="inner SGD steps on the support set",
+             ylabel="mean query loss, 100 new tasks", title="adapting to new tasks")
+ax_adapt.legend()
+fig.tight_layout()
+save_figure(fig, "maml_sinusoid")
 
 print(f"maml example: all checks passed in {time.perf_counter() - start:.1f} s")

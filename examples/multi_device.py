@@ -45,6 +45,12 @@ import functx.numpy as fnp
 
 start = time.perf_counter()
 assert jax.device_count() == 8, jax.devices()
+
+
+def progress(message):
+    """A line saying what the next step is, stamped with the seconds so far."""
+    print(f"[{time.perf_counter() - start:5.1f} s] {message}", flush=True)
+
 tree_map, tree_leaves = jax.tree_util.tree_map, jax.tree_util.tree_leaves
 rng = np.random.default_rng(0)
 
@@ -64,6 +70,43 @@ def max_difference(a, b):
 def on_one_device(tree):
     return jax.device_put(tree, one_device)
 
+
+def rows_by_device(array):
+    """Which device holds each index of `array`'s leading axis."""
+    owner = np.full(array.shape[0], -1)
+    for shard in array.addressable_shards:
+        owner[shard.index[0]] = shard.device.id
+    return owner
+
+# %% [markdown]
+# ## Figures
+#
+# Figures are drawn with matplotlib: inline in a notebook; as a script, off
+# screen (the Agg backend) and saved as PNG to `$FUNCTX_FIGURES_DIR`, or else
+# to `examples/figures/` next to this file (a temporary folder where there is
+# no file, as in a notebook).
+
+# %%
+import os
+import pathlib
+import sys
+import tempfile
+
+import matplotlib
+
+if "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def save_figure(fig, name):
+    folder = os.environ.get("FUNCTX_FIGURES_DIR") or (
+        pathlib.Path(__file__).resolve().parent / "figures" if "__file__" in globals()
+        else pathlib.Path(tempfile.gettempdir()) / "functx-figures")
+    path = pathlib.Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"figure saved to {path}")
 
 # %% [markdown]
 # ## 1. Data-parallel DP-SGD
@@ -118,6 +161,7 @@ xs = jnp.asarray(rng.standard_normal((BATCH, SIZES[0])))
 ys = jnp.asarray(rng.standard_normal((BATCH, SIZES[-1])))
 key = jax.random.PRNGKey(0)
 
+progress("compiling the sharded DP-SGD step and the one-device reference ...")
 sharded_step = functx.jit(lambda p, x, y, k: dp_sgd_step(p, x, y, k, "data"),
                           in_shardings=(replicated, by_rows, by_rows, replicated),
                           out_shardings=replicated)
@@ -129,9 +173,12 @@ print(f"DP-SGD, batch split over {len(mesh.devices.flat)} devices: equals one de
       f"(max diff {max_difference(new_params, reference):.1e})")
 
 # The per-sample gradients themselves stay split over the devices:
+progress("sharded per-sample gradients ...")
 per_sample = functx.jit(functx.vmap(functx.grad(loss), in_dims=(None, 0, 0)),
                         in_shardings=(replicated, by_rows, by_rows))(params, xs, ys)
 assert per_sample[0]["w"].sharding.spec[0] == "data"
+rows_owner = rows_by_device(per_sample[0]["w"])
+assert np.all(np.diff(rows_owner) >= 0) and np.all(np.bincount(rows_owner) == BATCH // 8)
 
 # The same step written per device with jax.shard_map: inside, each device
 # holds its rows (plain JAX arrays), computes their clipped per-sample
@@ -143,6 +190,7 @@ def per_device(params, xs, ys):
     return tree_map(lambda g: jax.lax.psum(g.sum(0), "data") / BATCH, grads)
 
 
+progress("the same step with jax.shard_map ...")
 mean_grad = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("data"), P("data")),
                                   out_specs=P()))(params, xs, ys)
 reference_grad = functx.vmap(lambda x, y: clipped(functx.grad(loss)(params, x, y)))(xs, ys)
@@ -159,6 +207,7 @@ print("DP-SGD with jax.shard_map around functx.vmap(grad): equals one device")
 
 # %%
 NUM_MODELS, IN, WIDTH, OUT = 8, 5, 12, 3
+progress("an ensemble of 8 Equinox MLPs, one per device ...")
 model_mesh = jax.make_mesh((8,), ("model",), axis_types=(AxisType.Auto,))
 by_model = NamedSharding(model_mesh, P("model"))
 members = [eqx.nn.MLP(IN, OUT, WIDTH, 2, activation=jax.nn.tanh, key=k, dtype=jnp.float64)
@@ -183,6 +232,8 @@ grads = functx.jit(lambda w, b, x, y: ensemble_grads(w, b, x, y, "model"))(
     sharded_weights, buffers, batch, labels)
 reference = functx.jit(ensemble_grads)(*on_one_device((stacked, buffers, batch, labels)))
 assert all(g.sharding.spec[0] == "model" for g in tree_leaves(grads))
+members_owner = rows_by_device(grads["layers.0.weight"])
+assert sorted(members_owner) == list(range(8))
 assert max_difference(grads, reference) < 1e-12
 for i in (0, 7):  # and each member's gradient is that member's own
     own = eqx.filter_grad(lambda m: jnp.mean((jax.vmap(m)(batch) - labels) ** 2))(members[i])
@@ -223,6 +274,7 @@ def maml_loss(params, tasks, spmd_axis_name=None):
     return fnp.mean(functx.vmap(adapted_loss, spmd_axis_name=spmd_axis_name)(*tasks))
 
 
+progress("MAML with the tasks sharded, and a loop for reference ...")
 meta_params = init_mlp((1, 20, 1))
 tasks = sample_tasks(TASKS)
 meta_grad = functx.jit(functx.grad(lambda p, t: maml_loss(p, t, "data")),
@@ -235,4 +287,29 @@ expected = jax.grad(lambda p: jnp.mean(jnp.stack([
     for t in [tasks] for i in range(TASKS)])))(meta_params)
 assert max_difference(meta_grad, expected) < 1e-10
 print("MAML, tasks split over the devices: meta-gradient equals one device and a loop")
+
+# %% [markdown]
+# ## Where the data lives
+#
+# The 8 devices here are simulated on one CPU, so timings would say nothing
+# about speed-ups; what is worth a look is the layout. Read back from the
+# arrays the programs returned (`addressable_shards`): which device holds
+# each example's per-sample gradient in recipe 1, and each ensemble
+# member's gradient in recipe 2.
+
+# %%
+fig, (ax_rows, ax_members) = plt.subplots(2, 1, figsize=(9, 2.6),
+                                          gridspec_kw={"height_ratios": [1, 1]})
+cmap = plt.get_cmap("tab10", 8)
+for ax, owner, what in [(ax_rows, rows_owner, "example (per-sample gradient)"),
+                        (ax_members, members_owner, "ensemble member (its gradient)")]:
+    ax.imshow(owner[None, :], cmap=cmap, vmin=-0.5, vmax=7.5, aspect="auto")
+    for device in np.unique(owner):
+        ax.text(np.flatnonzero(owner == device).mean(), 0, f"device {device}",
+                ha="center", va="center", color="white", fontsize=8)
+    ax.set(yticks=[], xlabel=what)
+ax_rows.set_title("which of the 8 devices holds each row")
+fig.tight_layout()
+save_figure(fig, "multi_device")
+
 print(f"done in {time.perf_counter() - start:.1f} s")

@@ -42,6 +42,41 @@ import functx.numpy as fnp
 
 t_start = time.perf_counter()
 
+
+def progress(message):
+    """A line saying what the next step is, stamped with the seconds so far."""
+    print(f"[{time.perf_counter() - t_start:5.1f} s] {message}", flush=True)
+
+# %% [markdown]
+# ## Figures
+#
+# Figures are drawn with matplotlib: inline in a notebook; as a script, off
+# screen (the Agg backend) and saved as PNG to `$FUNCTX_FIGURES_DIR`, or else
+# to `examples/figures/` next to this file (a temporary folder where there is
+# no file, as in a notebook).
+
+# %%
+import os
+import pathlib
+import sys
+import tempfile
+
+import matplotlib
+
+if "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def save_figure(fig, name):
+    folder = os.environ.get("FUNCTX_FIGURES_DIR") or (
+        pathlib.Path(__file__).resolve().parent / "figures" if "__file__" in globals()
+        else pathlib.Path(tempfile.gettempdir()) / "functx-figures")
+    path = pathlib.Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"figure saved to {path}")
+
 # %% [markdown]
 # ## The network
 #
@@ -74,6 +109,7 @@ def build(key):
     ])
 
 
+progress("building the network ...")
 skeleton = eqx.filter_eval_shape(build, jax.random.PRNGKey(0))
 
 
@@ -133,6 +169,7 @@ def ntk_by_jacobians(params, x1, x2, trace=False):
     return total
 
 
+progress("compiling the Jacobian-contraction kernel (full and trace) ...")
 ntk_jac = ntk_by_jacobians(params, x1, x2)
 ntk_jac_trace = ntk_by_jacobians(params, x1, x2, trace=True)
 print("full NTK:", ntk_jac.shape, " trace NTK:", ntk_jac_trace.shape)
@@ -169,6 +206,7 @@ def ntk_pair(params, a, b):
 
 ntk_by_products = functx.jit(functx.vmap(functx.vmap(ntk_pair, in_dims=(None, None, 0)),
                                          in_dims=(None, 0, None)))
+progress("compiling the NTK-vector-product kernel ...")
 ntk_vp = ntk_by_products(params, x1, x2)
 print("NTK-vector-product kernel:", ntk_vp.shape)
 
@@ -207,6 +245,7 @@ def ntk_jax(arrays, x1, x2):
                for a, b in zip(leaves1, leaves2))
 
 
+progress("compiling the kernel written with JAX's transforms ...")
 ntk_ref = ntk_jax(arrays, x1, x2)
 assert len(jax.tree_util.tree_leaves(arrays)) == len(params)  # same parameters on both sides
 
@@ -221,10 +260,39 @@ for label, ours in [("Jacobian contraction", ntk_jac), ("NTK-vector products", n
 # semi-definite.
 
 # %%
+progress("the kernel of x1 with itself ...")
 gram = np.asarray(ntk_by_jacobians(params, x1, x1)).transpose(0, 2, 1, 3).reshape(5 * OUT, 5 * OUT)
 np.testing.assert_allclose(gram, gram.T, rtol=1e-12, atol=1e-12)
 eigs = np.linalg.eigvalsh(gram)
 assert float(eigs.min()) > -1e-9 * float(eigs.max()), eigs
 print(f"Θ(x1, x1): symmetric, eigenvalues in [{float(eigs.min()):.2e}, {float(eigs.max()):.2e}]")
+
+# %% [markdown]
+# The kernel as an image. Left, Θ(x1, x1) as the (N·out) × (N·out) Gram
+# matrix: 5 × 5 blocks of 3 × 3, one block per pair of inputs; the diagonal
+# blocks (an input with itself) are the largest. Right, the trace kernel
+# Θ(x1, x2), one number per pair of inputs.
+
+# %%
+fig, (ax_full, ax_trace) = plt.subplots(1, 2, figsize=(10, 4.2),
+                                        gridspec_kw={"width_ratios": [1.25, 1]})
+limit = float(np.max(np.abs(gram)))
+image = ax_full.imshow(gram, cmap="RdBu_r", vmin=-limit, vmax=limit)
+for edge in np.arange(OUT, 5 * OUT, OUT) - 0.5:
+    ax_full.axhline(edge, color="black", lw=0.6)
+    ax_full.axvline(edge, color="black", lw=0.6)
+ax_full.set(title="full NTK Θ(x1, x1)", xlabel="input × output", ylabel="input × output")
+fig.colorbar(image, ax=ax_full, shrink=0.85)
+trace = np.asarray(ntk_jac_trace)
+image = ax_trace.imshow(trace, cmap="viridis")
+for (i, j), value in np.ndenumerate(trace):
+    dark = value < 0.5 * (trace.min() + trace.max())
+    ax_trace.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=8,
+                  color="white" if dark else "black")
+ax_trace.set(title="trace NTK Θ(x1, x2)", xlabel="x2 input", ylabel="x1 input",
+             xticks=range(trace.shape[1]), yticks=range(trace.shape[0]))
+fig.colorbar(image, ax=ax_trace, shrink=0.85)
+fig.tight_layout()
+save_figure(fig, "neural_tangent_kernels")
 
 print(f"neural_tangent_kernels: all checks passed in {time.perf_counter() - t_start:.1f}s")

@@ -28,6 +28,12 @@ rng = np.random.default_rng(0)
 tree_map, tree_leaves = jax.tree_util.tree_map, jax.tree_util.tree_leaves
 
 
+def progress(message):
+    """A line saying what the next step is, stamped with the seconds so far."""
+    print(f"[{time.perf_counter() - t_start:5.1f} s] {message}", flush=True)
+
+
+
 def max_difference(a, b):
     """Largest elementwise difference between two pytrees of arrays (in NumPy)."""
     return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
@@ -59,10 +65,41 @@ xs = jnp.asarray(rng.standard_normal((32, 8)))
 labels = jnp.asarray(rng.integers(0, 4, 32))
 
 # %% [markdown]
+# ## Figures
+#
+# Figures are drawn with matplotlib: inline in a notebook; as a script, off
+# screen (the Agg backend) and saved as PNG to `$FUNCTX_FIGURES_DIR`, or else
+# to `examples/figures/` next to this file (a temporary folder where there is
+# no file, as in a notebook).
+
+# %%
+import os
+import pathlib
+import sys
+import tempfile
+
+import matplotlib
+
+if "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def save_figure(fig, name):
+    folder = os.environ.get("FUNCTX_FIGURES_DIR") or (
+        pathlib.Path(__file__).resolve().parent / "figures" if "__file__" in globals()
+        else pathlib.Path(tempfile.gettempdir()) / "functx-figures")
+    path = pathlib.Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    print(f"figure saved to {path}")
+
+# %% [markdown]
 # One call computes all 32 gradients. `in_dims=(None, 0, 0)`: the
 # parameters are shared, the examples and labels are mapped over.
 
 # %%
+progress("per-sample gradients of 32 examples (eager) ...")
 per_sample = functx.vmap(functx.grad(loss), in_dims=(None, 0, 0))(params, xs, labels)
 print("per-sample gradient of the first weight matrix:", per_sample[0]["w"].shape)
 
@@ -72,6 +109,7 @@ print("per-sample gradient of the first weight matrix:", per_sample[0]["w"].shap
 # do not each pay for eager dispatch).
 
 # %%
+progress("the same, one example at a time ...")
 grad_one = functx.jit(functx.grad(loss))
 loop = [grad_one(params, x, y) for x, y in zip(np.asarray(xs), np.asarray(labels))]
 stacked = tree_map(lambda *g: np.stack(g), *loop)
@@ -149,6 +187,7 @@ def norms_before_after(per_sample, clip_norm):
     return per_example_norms(per_sample), per_example_norms(clip_per_sample(per_sample, clip_norm))
 
 
+progress("compiling the clipping ...")
 norms, clipped_norms = map(np.asarray, norms_before_after(per_sample, C))
 print(f"per-example gradient norms (first 6):  {np.round(norms[:6], 3)}")
 print(f"after clipping to C = {C} (first 6): {np.round(clipped_norms[:6], 3)}")
@@ -161,6 +200,23 @@ np.testing.assert_allclose(clipped_norms[inside], norms[inside], rtol=1e-5)
 np.testing.assert_allclose(clipped_norms[~inside], C, rtol=1e-5)
 print(f"{int((~inside).sum())} of {len(norms)} examples were clipped")
 
+# %% [markdown]
+# The per-example gradient norms before and after clipping: the examples
+# beyond C are pulled back onto it, the others stay where they were.
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 3.8))
+bins = np.linspace(0.95 * float(norms.min()), 1.02 * float(norms.max()), 25)
+ax.hist(norms, bins=bins, alpha=0.6, label="before clipping")
+ax.hist(clipped_norms, bins=bins, alpha=0.6, label="after clipping")
+ax.axvline(C, color="black", ls="--", lw=1, label=f"C = {C}")
+ax.set(xlabel="per-example gradient norm (all parameters)", ylabel="examples",
+       title=f"per-sample gradient norms, batch of {len(norms)}")
+ax.legend()
+save_figure(fig, "per_sample_grads")
+
+# %%
+progress("compiling the DP-SGD update ...")
 new_params, dp_grad = dp_sgd_update(params, per_sample, C, SIGMA, key)
 
 # %% [markdown]
@@ -174,6 +230,7 @@ new_params, dp_grad = dp_sgd_update(params, per_sample, C, SIGMA, key)
 #   the mean loss, computed without per-sample gradients at all.
 
 # %%
+progress("checking the update against plain SGD with jax.grad ...")
 _, noiseless = dp_sgd_update(params, per_sample, C, 0.0, key)
 z = np.concatenate([np.ravel((np.asarray(a) - np.asarray(b)) * len(xs) / (SIGMA * C))
                     for a, b in zip(tree_leaves(dp_grad), tree_leaves(noiseless))])
@@ -221,6 +278,7 @@ def dp_sgd_update_fast(params, xs, labels, clip_norm, noise_multiplier, key):
     return sgd_step(params, grad, LR), grad
 
 
+progress("compiling the clipped_grad update ...")
 fast_params, fast_grad = dp_sgd_update_fast(params, xs, labels, C, SIGMA, key)
 err = max(max_difference(fast_grad, dp_grad), max_difference(fast_params, new_params))
 print(f"clipped_grad vs the vmap(grad) DP-SGD step: max difference {err:.1e}")
@@ -235,6 +293,7 @@ def clipped_sum_via_per_sample(p):
     return tree_map(lambda g: fnp.sum(g, axis=0), clip_per_sample(per_sample, C))
 
 
+progress("estimating the memory of both paths ...")
 per_sample_path = functx.memory_report(clipped_sum_via_per_sample)(params)
 ghost_path = functx.memory_report(
     lambda p: functx.clipped_grad(loss, C, in_dims=(None, 0, 0))(p, xs, labels))(params)
@@ -261,6 +320,7 @@ assert ghost_path.peak_bytes < per_sample_path.peak_bytes
 # ones computed above, name by name.
 
 # %%
+progress("the Equinox model: compiling its DP-SGD step ...")
 skeleton = eqx.filter_eval_shape(eqx.nn.MLP, 8, 4, width_size=16, depth=2,
                                  activation=jax.nn.tanh, key=jax.random.PRNGKey(1))
 model = eqx.tree_at(lambda m: [x for layer in m.layers for x in (layer.weight, layer.bias)],
@@ -303,6 +363,7 @@ def by_name(tree):
     return dict(zip(eqx_params, tree_leaves(tree)))
 
 
+progress("checking it against jax.vmap(jax.grad) ...")
 ref_per_sample = by_name(jax.jit(jax.vmap(jax.grad(jax_loss), in_axes=(None, 0, 0)))(arrays, xs, labels))
 for name, ours in eqx_per_sample.items():
     assert ours.shape == (len(xs),) + eqx_params[name].shape
