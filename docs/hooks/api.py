@@ -16,6 +16,7 @@ Nothing here is written by hand, so a new export shows up on the next build.
 
 import importlib
 import inspect
+import re
 import types
 
 from mkdocs.structure.files import File
@@ -92,6 +93,9 @@ def kind(obj):
 def _summary(obj):
     doc = inspect.getdoc(obj) or ""
     line = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+    # JAX's docstrings are reStructuredText: ":func:`~jax.numpy.absolute`" -> code
+    line = re.sub(r":(?:py:)?\w+:`~?([^`]+)`", r"`\1`", line)
+    line = re.sub(r"``([^`]+)``", r"`\1`", line)
     line = line.replace("|", "\\|")
     return line[:160] + ("..." if len(line) > 160 else "")
 
