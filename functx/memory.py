@@ -359,19 +359,95 @@ def estimate(graph, fused=False):
     return graph_peak(graph, fused=fused)[0]
 
 
-def auto_chunk_size(staged_at, size, max_memory, call, fused=None):
+def compiled_peak(fn, args):
+    """XLA's memory analysis (arguments + outputs + temporaries) of
+    `jax.jit(fn)` compiled for the avals of `args`, or None where it cannot
+    be had (a function closing over values of an enclosing trace, a backend
+    without the analysis)."""
+    import jax
+
+    try:
+        specs = [jax.ShapeDtypeStruct(aval_of(x).shape, aval_of(x).dtype) for x in args]
+        m = jax.jit(fn).lower(*specs).compile().memory_analysis()
+        return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+    except Exception:  # noqa: BLE001 - no measurement: the caller estimates instead
+        return None
+
+
+def _measured_chunk(measure, size, max_memory, call):
+    """The largest chunk whose compiled program measures within the budget
+    (NOTE [memory model]: under jit the measurement replaces the estimate),
+    by bisection on the chunk size with a guess from the straight line
+    through the last two measurements; None when the whole batch fits;
+    False when a program could not be measured."""
+    seen = {}
+
+    def m(n):
+        if n not in seen:
+            seen[n] = measure(n)
+        return seen[n]
+
+    full = m(size)
+    if full is None:
+        return False
+    if full <= max_memory:
+        return None
+    one = m(1)
+    if one is None:
+        return False
+    if one > max_memory:
+        raise FunctxValueError(
+            f"{call}: max_memory={int(max_memory)} bytes is below the compiled program's peak "
+            f"with a chunk of one example ({one} bytes, XLA's memory analysis, counting the "
+            "whole batch's inputs and outputs). Raise max_memory, or pass chunk_size=1.")
+    lo, hi = 1, size  # m(lo) <= max_memory < m(hi)
+    for step in range(10):  # each step compiles a program: stop within 8% of the budget
+        if hi - lo <= 1 or seen[lo] >= 0.92 * max_memory:
+            break
+        if step % 2 == 0 and seen[hi] > seen[lo]:  # the straight-line guess
+            guess = lo + int((max_memory - seen[lo]) * (hi - lo) / (seen[hi] - seen[lo]))
+        else:
+            guess = (lo + hi) // 2
+        guess = min(max(guess, lo + 1), hi - 1)
+        got = m(guess)
+        if got is None:
+            return False
+        if got <= max_memory:
+            lo = guess
+        else:
+            hi = guess
+    # the peak is not monotone in n (a partial last chunk runs beside the
+    # loop's buffers): the next few divisors of the batch may fit where a
+    # smaller non-divisor did not
+    for d in [d for d in range(lo + 1, size) if size % d == 0][:3]:
+        m(d)
+    # of the chunks that fit: the largest within 10% of the budget, else the
+    # one that measured closest to it
+    fits = {n: v for n, v in seen.items() if v is not None and v <= max_memory}
+    near = [n for n, v in fits.items() if v >= 0.9 * max_memory]
+    return max(near) if near else max(fits, key=lambda n: (fits[n], n))
+
+
+def auto_chunk_size(staged_at, size, max_memory, call, fused=None, measure=None):
     """The largest chunk size n <= size whose program stays within
-    `max_memory` by the estimate of NOTE [memory model], or None when the
-    whole batch does. `staged_at(n)` returns (graph of one chunk of n, which
-    of its inputs are mapped, which of its outputs are). While one chunk
-    runs, the whole batch's inputs and the results gathered so far are live
-    too, so those count in full. The estimate is close to linear in n: it
-    is fitted from two small chunks, and the choice checked (and lowered)
-    on the chunk size it gives. `fused` (default: whether JAX is tracing,
-    i.e. the program will be compiled whole) picks the estimate."""
+    `max_memory`, or None when the whole batch does. Compiled whole (under
+    jit) with `measure(n)` given (the compiled peak of the chunked program,
+    or None), by XLA's measurement of the candidates (`_measured_chunk`);
+    otherwise by the estimate of NOTE [memory model]: `staged_at(n)` returns
+    (graph of one chunk of n, which of its inputs are mapped, which of its
+    outputs are). While one chunk runs, the whole batch's inputs and the
+    results gathered so far are live too, so those count in full. The
+    estimate is close to linear in n: it is fitted from two small chunks,
+    and the choice checked (and lowered) on the chunk size it gives.
+    `fused` (default: whether JAX is tracing, i.e. the program will be
+    compiled whole) picks the estimate."""
     check_max_memory(max_memory, call)
     if fused is None:
         fused = compiled_whole()
+    if fused and measure is not None:
+        n = _measured_chunk(measure, size, max_memory, call)
+        if n is not False:
+            return n
 
     def parts(n):
         g, in_mapped, out_mapped = staged_at(n)
@@ -478,7 +554,18 @@ def vmap_chunk_size(func, leaves, dims, in_tree, kwargs, size, randomness, out_d
         return (graph, [True] * n_in + [False] * (len(graph.inputs) - n_in),
                 [True] * len(graph.outputs))
 
-    return auto_chunk_size(staged_at, size, max_memory, call)
+    from .transforms.vmap import _vmap_chunked
+
+    def measure(n):
+        # the chunked program itself, every array leaf an argument
+        def prog(*xs):
+            out = _vmap_chunked(func, list(xs), dims, in_tree, kwargs, size, randomness,
+                                out_dims, call, n, axis=axis)
+            return tree_util.tree_leaves(out)
+
+        return compiled_peak(prog, leaves)
+
+    return auto_chunk_size(staged_at, size, max_memory, call, measure=measure)
 
 
 def basis_chunk_size(fn, basis, starts, call, max_memory, out_dims=0, randomness="error"):

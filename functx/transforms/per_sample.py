@@ -67,6 +67,7 @@ output cotangents w_i g_i, so it is the weighted contraction of the same a
 and g; no second forward or backward pass through the network runs.
 """
 
+import copy
 import functools
 
 import jax
@@ -887,7 +888,7 @@ def _make(loss, argnums, in_dims, chunk_size, name, max_memory=None):
         plan = _Plan(c)
         chunk = chunk_size
         if chunk == "auto":
-            from ..memory import auto_chunk_size
+            from ..memory import auto_chunk_size, compiled_peak
 
             def staged_at(n):
                 data = [x if d is None else _slice(x, d, 0, n)
@@ -902,7 +903,20 @@ def _make(loss, argnums, in_dims, chunk_size, name, max_memory=None):
                 mapped += [False] * (len(graph.inputs) - len(mapped))
                 return graph, mapped, [True] + [False] * (len(graph.outputs) - 1)
 
-            chunk = auto_chunk_size(staged_at, c.size, max_memory, call)
+            def measure(n):
+                # the chunked program itself, parameters, constants and data as arguments
+                n_p, n_c = len(c.params), len(plan.captured)
+
+                def prog(*flat):
+                    c2, plan2 = copy.copy(c), copy.copy(plan)
+                    c2.params, plan2.captured = list(flat[:n_p]), list(flat[n_p:n_p + n_c])
+                    c2.data = list(flat[n_p + n_c:])
+                    norms, sums = _reduce(plan2, c2, n, weigh)
+                    return [norms] + list(sums)
+
+                return compiled_peak(prog, list(c.params) + list(plan.captured) + list(c.data))
+
+            chunk = auto_chunk_size(staged_at, c.size, max_memory, call, measure=measure)
         return c, plan, chunk
 
     return setup
