@@ -54,8 +54,10 @@ def _execute(nb, figures_dir):
     # figures appear as cell outputs, as in Jupyter
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     try:
-        # the kernel talks over a local socket file, not TCP
-        km = KernelManager(kernel_name="python3", transport="ipc")
+        # the kernel talks over local socket files (not TCP), kept out of the
+        # working tree: the prefix of their paths is `ip` for this transport
+        km = KernelManager(kernel_name="python3", transport="ipc",
+                           ip=str(pathlib.Path(figures_dir) / "kernel"))
         client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                 resources={"metadata": {"path": str(ROOT)}})
         try:
