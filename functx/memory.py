@@ -295,6 +295,11 @@ def memory_report(f, argnums=None):
       (`peak_bytes`, `residuals`, `residual_bytes`, `at_peak`; `print` it for
       a table).
 
+    Raises:
+      FunctxTypeError: f is not callable, or an argument or output is not
+        an array (or a pytree of arrays).
+      FunctxValueError: argnums out of range for the arguments given.
+
     Example:
       >>> print(functx.memory_report(loss)(params, x, y))
       >>> functx.memory_report(functx.vmap(functx.grad(loss), (None, 0, 0)))(params, xs, ys).peak_bytes

@@ -957,11 +957,22 @@ def per_sample_grad_norms(loss, argnums=0, in_dims=0, *, chunk_size=None, max_me
       max_memory: the memory budget in bytes for chunk_size='auto'.
 
     Returns:
-      A function of loss's arguments returning the norms, shape (batch,).
+      A function of loss's arguments returning the norms, shape (batch,)
+      (float32 at least: bfloat16 / float16 gradients are accumulated in
+      float32).
+
+    Raises:
+      FunctxValueError: the loss does not return a real scalar for one
+        example; in_dims maps a differentiated argument, leaves every
+        argument unmapped, or the mapped sizes differ; a bad chunk_size, or
+        'auto' without max_memory (or max_memory below one example's peak).
+      FunctxTypeError: loss is not callable, in_dims has the wrong type, or
+        a differentiated leaf is not floating-point.
 
     Example:
       >>> norms = functx.per_sample_grad_norms(loss, in_dims=(None, 0, 0))(params, xs, ys)
       >>> functx.jit(functx.per_sample_grad_norms(loss))(params, xs, ys)
+      >>> functx.per_sample_grad_norms(loss, chunk_size="auto", max_memory=2**30)(params, xs, ys)
     """
     setup = _make(loss, argnums, in_dims, chunk_size, "per_sample_grad_norms", max_memory)
 
@@ -988,6 +999,10 @@ def grad_and_norms(loss, argnums=0, in_dims=0, *, reduction="sum", chunk_size=No
       A function returning `(grads, norms)`: grads with the structure of the
       differentiated argument(s) (a tuple of them for a tuple argnums), norms
       of shape (batch,).
+
+    Raises:
+      FunctxValueError, FunctxTypeError: as per_sample_grad_norms, and for a
+        reduction other than 'sum' or 'mean'.
 
     Example:
       >>> grads, norms = functx.grad_and_norms(loss, in_dims=(None, 0, 0))(params, xs, ys)
@@ -1032,6 +1047,13 @@ def clipped_grad(loss, max_norm, argnums=0, in_dims=0, *, reduction="sum",
     Returns:
       A function of loss's arguments returning the clipped gradient, with
       the structure of the differentiated argument(s).
+
+    Raises:
+      FunctxValueError: max_norm not positive and finite, noise_multiplier
+        negative, a reduction other than 'sum' or 'mean', and the cases of
+        per_sample_grad_norms.
+      FunctxTypeError: max_norm or noise_multiplier not a number, and the
+        cases of per_sample_grad_norms.
 
     Example:
       >>> g = functx.clipped_grad(loss, 1.0, in_dims=(None, 0, 0), reduction="mean",
@@ -1099,9 +1121,21 @@ def _check_positive(value, what, call, allow_zero=False):
 
 def ghost_plan(loss, argnums=0, in_dims=0):
     """What per_sample_grad_norms does with each differentiated leaf, in
-    pytree order: 'outer' / 'gram' / 'materialise' (ghost products, by the
-    form of the norm), 'fallback' (its per-example gradient is materialised)
-    or 'unused'. For tests and for checking a model's cost.
+    pytree order: the form of its ghost norm (NOTE [ghost norms]),
+    'fallback' (its per-example gradient is materialised) or 'unused'.
+    For tests and for checking a model's cost.
+
+    Args:
+      loss, argnums, in_dims: as per_sample_grad_norms.
+
+    Returns:
+      A function of loss's arguments returning the list of plans, one per
+      differentiated floating-point leaf: 'outer', 'gram', 'materialise'
+      (products), 'conv-outer', 'conv-gram' (convolution kernels), 'index'
+      (tables read by row gathers), 'fallback' or 'unused'.
+
+    Raises:
+      FunctxValueError, FunctxTypeError: as per_sample_grad_norms.
 
     Example:
       >>> functx.transforms.per_sample.ghost_plan(loss, in_dims=(None, 0, 0))(params, xs, ys)
