@@ -31,6 +31,7 @@ def sqrt_times_zero(x):
 SQRT_LINE = inspect.getsourcelines(sqrt_times_zero)[1] + 1
 
 
+@pytest.mark.slow
 def test_sqrt_nan_names_primitive_line_and_shape():
     g = functx.grad(sqrt_times_zero)(X0)  # off: NaN passes through, as in JAX
     assert np.isnan(g[0]) and np.isnan(jax.grad(lambda x: (jnp.sqrt(x) * 0.0).sum())(X0)[0])
@@ -46,6 +47,7 @@ def test_sqrt_nan_names_primitive_line_and_shape():
     assert reverse.tape_observers == [] and reverse.backward_check is None
 
 
+@pytest.mark.slow
 def test_xlogx_where_pattern():
     """The classic trap: `where` selects 0 at x == 0, but the backward of
     `x * log(x)` still computes 0 * log(0) = 0 * -inf: the first NaN comes
@@ -109,6 +111,7 @@ def test_forward_outside_mode():
         vjp_fn(jnp.ones(()))
 
 
+@pytest.mark.slow
 def test_vmap_reports_sample_index():
     xs = jnp.array([[0.5, 0.7, 0.9], [0.4, 0.0, 0.2], [1.0, 2.0, 3.0]])
     with detect_anomaly(), pytest.raises(AnomalyError, match=r"batch indices with NaN: \[1\]"):

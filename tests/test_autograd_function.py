@@ -131,6 +131,7 @@ def _two_out(lib):
 TwoOut, TTwoOut = _two_out(None), _two_out(torch.autograd)
 
 
+@pytest.mark.slow
 def test_values_and_grads_match_torch():
     xt = torch.tensor(X, requires_grad=True)
     yt = torch.tensor(X[::-1].copy(), requires_grad=True)
@@ -176,6 +177,7 @@ def test_non_differentiable_output_and_materialize_grads():
     _close(g, (X > 0) * 1.0)
 
 
+@pytest.mark.slow
 def test_compositions_against_jax():
     x = jnp.asarray(X)
     t = jnp.array([1.0, -2.0, 0.5])
@@ -300,6 +302,7 @@ class WrongBackward(NoVmap):
         return g * 3.0
 
 
+@pytest.mark.slow
 def test_errors():
     x = jnp.asarray(X)
     s = lambda F: lambda x: F.apply(x).sum()  # noqa: E731
@@ -377,6 +380,7 @@ _KW_CALLS = [  # (class, apply's arguments after x)
 ]
 
 
+@pytest.mark.slow
 def test_keyword_and_default_arguments_match_torch():
     """apply binds keywords and defaults to forward's signature as torch
     does: setup_context sees every bound input, backward returns one gradient

@@ -118,6 +118,7 @@ def _functx_values(xs, vs):
     return res
 
 
+@pytest.mark.slow
 def test_values_and_structures_match_torch():
     xs = {n: tuple(jnp.asarray(a) for a in spec[1]) for n, spec in VECTOR_FNS.items()}
     xs.update({n: tuple(jnp.asarray(a) for a in spec[1]) for n, spec in SCALAR_FNS.items()})
@@ -150,6 +151,7 @@ def test_values_and_structures_match_torch():
                      f"{name} vhp create_graph")
 
 
+@pytest.mark.slow
 def test_v_may_be_none_for_one_element():
     f = lambda a: (a ** 3).sum()  # noqa: E731
     x1 = jnp.array([1.5])
@@ -161,6 +163,7 @@ def test_v_may_be_none_for_one_element():
 # create_graph and compositions with functx transforms, against JAX
 
 
+@pytest.mark.slow
 def test_create_graph_and_compositions_match_jax():
     f = lambda a: fnp.sin(a) * fnp.exp(a[0])  # noqa: E731
     jf = lambda a: jnp.sin(a) * jnp.exp(a[0])  # noqa: E731

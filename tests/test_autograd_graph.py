@@ -163,6 +163,7 @@ def _jg(x, y):
     return jnp.sin(jnp.sin(x) * y)
 
 
+@pytest.mark.slow
 def test_checkpoint_matches_jax_under_transforms():
     c = functx.checkpoint(_g)
     f = lambda x, y: (c(x, y) ** 2).sum()  # noqa: E731
@@ -222,6 +223,7 @@ def test_checkpoint_saves_fewer_values_and_pytrees():
         _close(g, want)
 
 
+@pytest.mark.slow
 def test_checkpoint_policy_decides_what_is_saved():
     """`policy=` as jax.checkpoint's: what the backward pass keeps follows
     the policy (counted with saved_tensors_hooks), the derivatives do not
@@ -280,6 +282,7 @@ def test_checkpoint_recomputes_in_backward_under_jit():
     assert "optimization_barrier" in ckpt and "optimization_barrier" not in plain
 
 
+@pytest.mark.slow
 def test_save_on_cpu_leaves_values_of_outer_transforms_in_place():
     """Residuals that are functx values (of an enclosing transform) are
     jax.Array instances too; save_on_cpu must leave them alone."""

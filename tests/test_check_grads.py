@@ -23,6 +23,7 @@ W = jnp.asarray(np.random.default_rng(1).uniform(-1, 1, (2, 3)))
 
 
 @pytest.mark.parametrize("order", [1, 2, 3])
+@pytest.mark.slow
 def test_passes_on_correct_functions(order):
     check_grads(lambda x: fnp.tanh(W @ x) * fnp.sin(x[0]), (X,), order=order)
     check_grads(lambda w, x: fnp.sum(fnp.exp(w @ x)), (W, X), order=min(order, 2), modes=("rev",))
@@ -66,6 +67,7 @@ def test_catches_a_wrong_transpose_rule():
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.slow
 def test_low_precision_defaults(dtype):
     """bfloat16 and float16 inputs get float16's loose defaults (finite
     differences at 16 bits are coarse): correct functions pass to second

@@ -72,6 +72,7 @@ def scalar_programs():
 
 
 @pytest.mark.parametrize("prog", scalar_programs(), ids=lambda p: p.__name__)
+@pytest.mark.slow
 def test_vmap_matches_jax(prog):
     close(functx.vmap(prog(fl, fnp), axis_name="i")(X),
           jax.vmap(prog(jax.lax, jnp), axis_name="i")(X))
@@ -89,6 +90,7 @@ def test_partial_permutation_sends_zeros():
     assert np.all(np.isfinite(np.asarray(g)))
 
 
+@pytest.mark.slow
 def test_psum_scatter_and_tiled_all_gather_match_jax():
     close(functx.vmap(scattered(fl, fnp), axis_name="i")(jnp.tile(M[:, :1], (1, 4))),
           jax.vmap(scattered(jax.lax, jnp), axis_name="i")(jnp.tile(M[:, :1], (1, 4))))
@@ -127,6 +129,7 @@ def test_axis_size():
 
 @pytest.mark.parametrize("prog", [normalise, reductions, indexed, gathered, permuted],
                          ids=lambda p: p.__name__)
+@pytest.mark.slow
 def test_vmap_of_grad(prog):
     def loss(L, np_):
         f = prog(L, np_)
@@ -139,6 +142,7 @@ def test_vmap_of_grad(prog):
 
 
 @pytest.mark.parametrize("prog", scalar_programs(), ids=lambda p: p.__name__)
+@pytest.mark.slow
 def test_grad_of_vmap(prog):
     def total(L, np_, vmap, grad):
         f = vmap(prog(L, np_), axis_name="i")
@@ -153,6 +157,7 @@ def test_grad_of_vmap(prog):
     close(total(fl, fnp, functx.vmap, functx.grad)(X), expected)
 
 
+@pytest.mark.slow
 def test_jacrev_and_jacfwd_of_vmap():
     def fn(L, np_, vmap):
         return lambda xs: vmap(normalise(L, np_), axis_name="i")(xs)
@@ -161,6 +166,7 @@ def test_jacrev_and_jacfwd_of_vmap():
     close(functx.jacfwd(fn(fl, fnp, functx.vmap))(X), jax.jacfwd(fn(jax.lax, jnp, jax.vmap))(X))
 
 
+@pytest.mark.slow
 def test_vmap_of_jacrev():
     def fn(L, np_):
         return lambda x: np_.sin(x) * L.psum(x * x, "i")
@@ -170,6 +176,7 @@ def test_vmap_of_jacrev():
           jax.vmap(jax.jacrev(fn(jax.lax, jnp)), axis_name="i")(X))
 
 
+@pytest.mark.slow
 def test_jvp_through_and_inside_vmap():
     t = jnp.array([0.1, 0.2, -0.3, 0.4])
     f_fx = functx.vmap(normalise(fl, fnp), axis_name="i")
@@ -194,6 +201,7 @@ def test_psum_transpose_is_psum_as_in_jax():
               jax.vmap(jax.grad(lambda x: jax.lax.psum(x * x, "i")), axis_name="i")(X))
 
 
+@pytest.mark.slow
 def test_nested_named_vmaps():
     def f(L):
         def g(x):
@@ -209,6 +217,7 @@ def test_nested_named_vmaps():
           jax.vmap(jax.vmap(lambda x: jax.lax.psum(x, "i"), axis_name="i"), axis_name="i")(M))
 
 
+@pytest.mark.slow
 def test_nested_with_unnamed_inner_vmap_and_grad():
     def f(L, np_, vmap, grad):
         def per_row(row):
@@ -223,6 +232,7 @@ def test_nested_with_unnamed_inner_vmap_and_grad():
     close(h(fl, fnp, functx.vmap)(M), h(jax.lax, jnp, jax.vmap)(M))
 
 
+@pytest.mark.slow
 def test_jit_of_vmap_and_vmap_of_jit():
     f_fx = normalise(fl, fnp)
     f_jax = normalise(jax.lax, jnp)
@@ -234,6 +244,7 @@ def test_jit_of_vmap_and_vmap_of_jit():
           jax.jit(jax.vmap(jax.grad(lambda x: jnp.sum(f_jax(x))), axis_name="i"))(X))
 
 
+@pytest.mark.slow
 def test_collective_inside_control_flow_under_vmap():
     def f(L, cond):
         return lambda x: cond(x > 0, lambda v: L.psum(v, "i"), lambda v: v * 2.0, x)
@@ -242,6 +253,7 @@ def test_collective_inside_control_flow_under_vmap():
           jax.vmap(f(jax.lax, jax.lax.cond), axis_name="i")(X))
 
 
+@pytest.mark.slow
 def test_eager_repeats_are_stable():
     f = functx.vmap(normalise(fl, fnp), axis_name="i")
     expected = jax.vmap(normalise(jax.lax, jnp), axis_name="i")(X)
@@ -253,6 +265,7 @@ def test_eager_repeats_are_stable():
 
 
 @pytest.mark.parametrize("background", [True, False])
+@pytest.mark.slow
 def test_eager_caches_never_compile_a_collective(monkeypatch, background):
     # fused steps and compiled backward passes would fix the axis size of the
     # first vmap in a compiled program: they must stay uncached (AxisNames)
@@ -295,6 +308,7 @@ def _grad_of_closure(L, grad, vmap, np_, xs):
     "functx.jit", "jax.jit", "no operands", "functx cond", "jax cond", "jax scan",
     "jax.jit in functx.jit", "functx.jit in jax.jit", "vmap(grad)", "grad(vmap)", "jit(vmap)",
     "closure over grad"])
+@pytest.mark.slow
 def test_collective_in_program_without_batched_operand(form):
     # as JAX batches a jit whose program uses the vmap's axis: the program
     # is batched even when none of its operands is (sizes 4 and 3: never
@@ -340,6 +354,7 @@ def test_collective_in_program_without_batched_operand(form):
         close(out, expected)
 
 
+@pytest.mark.slow
 def test_axis_size_in_staged_programs_follows_the_vmap():
     # pmean and axis_size inside a functx.jit function met under vmaps of
     # two sizes: the staged graph is not reused across sizes
@@ -355,6 +370,7 @@ def test_axis_size_in_staged_programs_follows_the_vmap():
                                               lambda v: v, x), axis_name="i")(X[:n]))
 
 
+@pytest.mark.slow
 def test_chunked_named_vmap():
     # chunks know their offset and the whole batch's size: axis_index,
     # axis_size and reductions of unbatched values are those of the batch
@@ -380,6 +396,7 @@ def test_chunked_named_vmap():
         assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.slow
 def test_staged_bodies_do_not_fix_the_axis_size():
     # psum of a constant inside a staged body (cached by code) is recorded,
     # not computed for the first vmap's size
@@ -441,6 +458,7 @@ def test_functx_collective_under_jax_vmap():
 
 
 @pytest.mark.parametrize("mode", ["ema", "batch"])
+@pytest.mark.slow
 def test_equinox_batchnorm_training(mode):
     eqx = pytest.importorskip("equinox")
     def make():  # an eqx.nn.State may be used once
@@ -480,6 +498,7 @@ A2A = jnp.arange(4 * 4 * 6, dtype=jnp.float64).reshape(4, 4, 6) / 10
     (0, 0, False, A2A), (0, 1, False, A2A), (0, 1, True, A2A[:, :, :4]),
     (1, 0, True, A2A[:, :, :4].transpose(0, 2, 1)), (0, 0, True, A2A),
     (1, 1, True, A2A[:, :, :4].transpose(0, 2, 1))])
+@pytest.mark.slow
 def test_all_to_all(split, concat, tiled, x):
     def f(L, np_):
         return lambda v: L.all_to_all(np_.sin(v), "i", split, concat, tiled=tiled)
@@ -502,6 +521,7 @@ def test_all_to_all(split, concat, tiled, x):
                                                  * w0))(x))
 
 
+@pytest.mark.slow
 def test_jax_jit_function_with_collectives_under_named_vmap():
     f = jax.jit(lambda x: x / jax.lax.psum(x, "i") + jax.lax.axis_index("i")
                 + jax.lax.pmean(x * x, "i"))
@@ -565,6 +585,7 @@ JAX_COMPOSITIONS = _compositions(jax.vmap, jax.grad, jax.jvp, jax.vjp, jax.jacre
 
 
 @pytest.mark.parametrize("composition", list(FX_COMPOSITIONS))
+@pytest.mark.slow
 def test_every_collective_under_every_composition(composition):
     # Both sides compiled (eager transforms of this many operations would
     # take most of the suite's time), except the first few compositions:

@@ -146,6 +146,7 @@ def _repeat(name, run, calls=3):
 
 
 @pytest.mark.parametrize("name", sorted(REVERSE))
+@pytest.mark.slow
 def test_grad_stages_once(name):
     loss = REVERSE[name]
     got = _repeat(name, lambda: fx.grad(lambda w: loss(flax, w))(W))
@@ -160,6 +161,7 @@ def test_vmap_stages_once(name):
 
 
 @pytest.mark.parametrize("name", sorted(FORWARD))
+@pytest.mark.slow
 def test_jvp_stages_once(name):
     loss = FORWARD[name]
     got = _repeat(name, lambda: fx.jvp(lambda w: loss(flax, w), (W,), (W,)))
@@ -167,6 +169,7 @@ def test_jvp_stages_once(name):
 
 
 @pytest.mark.parametrize("name", ["scan", "cond", "fori"])
+@pytest.mark.slow
 def test_vmap_grad_and_jacrev_stage_once(name):
     loss = REVERSE[name]
     got = _repeat(name, lambda: fx.vmap(fx.grad(lambda w: loss(flax, w)))(WS))
@@ -219,6 +222,7 @@ def _loop_compiles(run, calls=4):
 
 
 @pytest.mark.parametrize("L", ["functx", "jax"], ids=["functx.lax", "jax.lax"])
+@pytest.mark.slow
 def test_loops_compile_once(L):
     """The loop programs compile on the first call only, for functx.lax and
     for jax.lax called on functx values (whose bodies JAX traces anew on
@@ -238,6 +242,7 @@ def test_loops_compile_once(L):
         assert len(control._LIFTED) == size
 
 
+@pytest.mark.slow
 def test_jax_lax_on_functx_values_matches_jax():
     for name in ("scan", "fori", "cond"):
         loss = REVERSE[name]
@@ -259,6 +264,7 @@ def _scaled_loss(L, w, b, c):
     return L.scan(step, H0, XS)[0].sum()
 
 
+@pytest.mark.slow
 def test_closure_array_changes_without_restaging():
     for k, b in enumerate([H0, 2.0 * H0, jnp.zeros(N)]):
         before = STAGED["scaled"]
@@ -274,6 +280,7 @@ def test_closure_array_changes_without_restaging():
            jax.grad(lambda w: _scaled_loss(jax.lax, w, b, 0.5))(W))
 
 
+@pytest.mark.slow
 def test_closure_static_changes_restage():
     for c in (0.5, 0.25, 0.5, -0.0, 0.0):
         got = fx.grad(lambda w: _scaled_loss(flax, w, H0, c))(W)
@@ -295,6 +302,7 @@ def _global_loss(L, w):
     return L.scan(step, H0, XS)[0].sum()
 
 
+@pytest.mark.slow
 def test_global_array_reassigned():
     global GLOBAL_B
     try:
@@ -308,6 +316,7 @@ def test_global_array_reassigned():
         GLOBAL_B = H0
 
 
+@pytest.mark.slow
 def test_nested_functions_and_partials():
     import functools
 
@@ -328,6 +337,7 @@ def test_nested_functions_and_partials():
         _close(got, jax.grad(lambda w: loss(jax.lax, w, b))(W))
 
 
+@pytest.mark.slow
 def test_python_control_flow_on_a_closed_over_array():
     """A body that converts a closed-over concrete array to a Python value
     cannot take it as a staged input: it is staged as written, each time
@@ -350,6 +360,7 @@ def test_python_control_flow_on_a_closed_over_array():
         _close(fx.grad(lambda w: loss_inside(flax, w, b))(W), want)
 
 
+@pytest.mark.slow
 def test_mutable_closure_state():
     """A body that assigns a variable of its closure (nonlocal) or closes
     over a list is staged per function object, as in JAX."""
@@ -372,6 +383,7 @@ def test_mutable_closure_state():
         assert n == k + 1 and len(calls) == k + 1
 
 
+@pytest.mark.slow
 def test_under_jit():
     """Bodies closing over JAX tracers (an outer jax.jit) and functx.jit."""
     want = jax.grad(lambda w: scan_loss(jax.lax, w))(W)
@@ -420,6 +432,7 @@ def _settle():
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["snapshot", "plain"])
+@pytest.mark.slow
 def test_dropped_bodies_are_freed(plain):
     ref = _drop_body(plain)
     _settle()
@@ -427,6 +440,7 @@ def test_dropped_bodies_are_freed(plain):
     assert ref() is None, "a dropped body's array is kept alive"
 
 
+@pytest.mark.slow
 def test_caches_stay_bounded(monkeypatch):
     monkeypatch.setattr(flax._STAGED, "limit", 6)
     monkeypatch.setattr(control._PROGRAMS, "limit", 4)

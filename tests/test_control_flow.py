@@ -56,6 +56,7 @@ def _rnn(np_):
     return loss
 
 
+@pytest.mark.slow
 def test_scan_rnn_every_transform_matches_jax():
     F, J = _rnn(fnp), _rnn(jnp)
     w, xs, h0 = 0.4 * _rng(0, 2, 2), _rng(1, 3, 2), _rng(2, 2)
@@ -90,6 +91,7 @@ def test_scan_rnn_every_transform_matches_jax():
     _close(run(w, xs, h0, v, ct), tol=1e-7)
 
 
+@pytest.mark.slow
 def test_scan_carries_of_every_kind():
     """Pytree carries, an integer carry, no xs (length=), ys None, a batched
     carry with unbatched xs, a constant in the body, and a Hessian through
@@ -122,6 +124,7 @@ def test_scan_carries_of_every_kind():
     _close(run(w, c0))
 
 
+@pytest.mark.slow
 def test_fori_loop_static_bounds_supports_reverse_mode():
     F = lambda x: fx.lax.fori_loop(0, 4, lambda i, v: fnp.sin(v) * x + i, x)  # noqa: E731
     J = lambda x: lax.fori_loop(0, 4, lambda i, v: jnp.sin(v) * x + i, x)  # noqa: E731
@@ -149,6 +152,7 @@ def _branches(np_):
             lambda a, b: {"s": a * a + b, "i": jnp.int32(2)})
 
 
+@pytest.mark.slow
 def test_cond_jvp_vjp_vmap_match_jax():
     def make(np_, cond):
         t, f = _branches(np_)
@@ -187,6 +191,7 @@ def test_cond_jvp_vjp_vmap_match_jax():
     _close(run(x, y, tx, ty, xb))
 
 
+@pytest.mark.slow
 def test_switch_batched_index_clamps_and_differentiates():
     def make(np_, switch):
         branches = [lambda v: jnp.zeros(3), lambda v: v * 2.0, lambda v: np_.sin(v) * v]
@@ -221,6 +226,7 @@ def _while(np_, while_loop):
     return f
 
 
+@pytest.mark.slow
 def test_while_loop_forward_mode_and_vmap():
     F, J = _while(fnp, fx.lax.while_loop), _while(jnp, lax.while_loop)
     xs = jnp.array([1.5, 2.0, 3.0, 11.0])  # different trip counts, one of zero
@@ -251,6 +257,7 @@ def test_while_loop_forward_mode_and_vmap():
     _close(run(xs, ns))
 
 
+@pytest.mark.slow
 def test_reverse_mode_through_while_loop_raises_a_clear_error():
     F = lambda x: _while(fnp, fx.lax.while_loop)(x)[1]  # noqa: E731
     Fd = lambda x, n: fx.lax.fori_loop(0, n, lambda i, v: v * x, x)  # noqa: E731
@@ -270,6 +277,7 @@ def test_reverse_mode_through_while_loop_raises_a_clear_error():
 # map
 
 
+@pytest.mark.slow
 def test_map_with_and_without_batch_size():
     w = _rng(11, 3)
     xs = _rng(12, 5, 3)
@@ -294,6 +302,7 @@ def test_map_with_and_without_batch_size():
 # Nesting and closures
 
 
+@pytest.mark.slow
 def test_nested_control_flow_and_transforms():
     def make(np_, scan, cond):
         def f(w, xs):
@@ -319,6 +328,7 @@ def test_nested_control_flow_and_transforms():
     _close(run(0.6, xs, xb), tol=1e-8)
 
 
+@pytest.mark.slow
 def test_closures_over_outer_transform_values():
     """Branches and bodies that close over tracers of enclosing transforms
     (grad, vmap, jvp) and over JAX tracers of the outer jit."""
@@ -371,6 +381,7 @@ def _jax_program(w, xs):
     return ys.sum() + f.sum() + m.sum() + wl.sum()
 
 
+@pytest.mark.slow
 def test_lifted_jax_control_flow_transforms():
     L = fx.lift(_jax_program)
     xs = _rng(14, 3, 2)
@@ -395,6 +406,7 @@ def test_lifted_jax_control_flow_transforms():
     _close(run(0.4, xs))
 
 
+@pytest.mark.slow
 def test_functx_jit_of_control_flow():
     F, J = _rnn(fnp), _rnn(jnp)
     w, xs, h0 = 0.4 * _rng(15, 2, 2), _rng(16, 3, 2), _rng(17, 2)

@@ -5,6 +5,7 @@ functions; here only its parts and one small namespace run."""
 import io
 
 import jax.numpy as jnp
+import pytest
 
 from functx import coverage
 
@@ -83,6 +84,7 @@ def test_lax_and_jax_functions_of_issue_15_are_covered():
 KNOWN_GAPS = {}
 
 
+@pytest.mark.slow
 def test_lax_and_jax_inventory_is_covered_or_excluded():
     statuses = coverage.report(out=io.StringIO(), namespaces=["jax.lax", "jax"])
     missing = {p: [m for m, v in s.items() if v is False] for p, s in statuses.items()

@@ -54,6 +54,7 @@ LIFTED = {
 }
 
 
+@pytest.mark.slow
 def test_lifted_functions_keep_jax_derivatives():
     @jax.jit
     def run(xs):
@@ -90,6 +91,7 @@ def _clip_gradient(x):
 _clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1.0, 1.0),))
 
 
+@pytest.mark.slow
 def test_lifted_custom_vjp_uses_its_bwd():
     f = lambda x: (3.0 * _clip_gradient(x) ** 2).sum()  # noqa: E731
     g = lambda x: 3.0 * _clip_gradient(x) ** 2  # noqa: E731
@@ -164,6 +166,7 @@ def _odd_pair():
     return f, jf
 
 
+@pytest.mark.slow
 def test_custom_jvp_decorator_under_every_transform():
     sp, jsp = _softplus_pair()
     odd, jodd = _odd_pair()
@@ -205,6 +208,7 @@ def test_custom_jvp_decorator_under_every_transform():
     _check(jax.jit(compositions)(x, y, v), tol=1e-7)
 
 
+@pytest.mark.slow
 def test_custom_jvp_eager_and_python_control_flow_in_rule():
     """Eagerly (no jit) the rule runs on concrete values, so Python control
     flow on primals works (as in JAX); repeated calls hit the eager caches."""
@@ -313,6 +317,7 @@ def _tanh_pair():
     return h, jh
 
 
+@pytest.mark.slow
 def test_custom_vjp_decorator_reverse_mode():
     h, jh = _tanh_pair()
 
@@ -355,6 +360,7 @@ def test_custom_vjp_decorator_reverse_mode():
     np.testing.assert_allclose(results["clip grad"][0], [1.0, -1.0, 1.0])
 
 
+@pytest.mark.slow
 def test_custom_vjp_forward_mode_transposes_bwd():
     """jvp / jacfwd / hessian of a custom_vjp function (JAX refuses them):
     against plain JAX of the body (bwd is the true vjp), finite differences,
@@ -613,6 +619,7 @@ def _symbolic_zero_twins(lib, np_, seen):
     return scaled_sin, prod
 
 
+@pytest.mark.slow
 def test_symbolic_zeros_match_jax():
     """defjvp / defvjp(symbolic_zeros=True) as in JAX: the jvp rule gets a
     SymbolicZero for each input without a tangent, fwd gets CustomVJPPrimal

@@ -164,6 +164,7 @@ def test_duplicate_argnums_names_the_fix():
         fx.grad(lambda a, b: fnp.sum(a * b), argnums=(0, -2))(X, X)
 
 
+@pytest.mark.slow
 def test_holomorphic_dtypes_are_checked_like_jax():
     z = jnp.asarray([1.0 + 1.0j, 2.0])
 
@@ -244,6 +245,7 @@ def test_vjp_cotangent_mismatches():
         vjp_fn((jnp.ones(2), X))
 
 
+@pytest.mark.slow
 def test_vjp_cotangent_dtype_is_checked_like_jax():
     f = lambda x: (fnp.sin(x), {"n": fnp.sum(x)})
     _, vjp_fn = fx.vjp(f, X)
@@ -313,6 +315,7 @@ def test_missing_rule_names_primitive_and_transform():
     assert issubclass(fx.MissingRuleError, fx.FunctxRuntimeError)
 
 
+@pytest.mark.slow
 def test_jax_primitive_functx_does_not_know():
     # cholesky_update is a jax.lax.linalg primitive outside the public
     # namespaces functx covers (functx.coverage), with no functx rules

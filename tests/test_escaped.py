@@ -106,6 +106,7 @@ def test_a_live_tracer_used_on_another_thread_raises(use):
     assert "'other'" in str(seen["error"]) and "'MainThread'" in str(seen["error"])
 
 
+@pytest.mark.slow
 def test_threads_running_their_own_transforms_agree_with_jax():
     def loss(w, x):
         return jnp.tanh(x @ w).sum()

@@ -24,6 +24,7 @@ def f(x, y, M):
     return M.sin(x) * M.exp(y).sum() + x ** 3 * y[0, 1], (M.tanh(y) @ y).sum()
 
 
+@pytest.mark.slow
 def test_duals_match_torch_and_jax():
     with fw.dual_level() as level:
         assert level == 0
@@ -88,6 +89,7 @@ def test_enter_exit_and_errors():
     assert fx.core.interpreter_stack() == []
 
 
+@pytest.mark.slow
 def test_nested_levels_give_second_derivatives():
     g = lambda x: fnp.sin(x) * fnp.exp(x) * x[0]  # noqa: E731
     jg = lambda x: jnp.sin(x) * jnp.exp(x) * x[0]  # noqa: E731
@@ -107,6 +109,7 @@ def test_nested_levels_give_second_derivatives():
     np.testing.assert_allclose(np.asarray(second), np.asarray(want_second), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_dual_levels_compose_with_transforms():
     g = lambda x: fnp.sin(x) * fnp.exp(x)  # noqa: E731
     jg = lambda x: jnp.sin(x) * jnp.exp(x)  # noqa: E731

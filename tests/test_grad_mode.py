@@ -46,6 +46,7 @@ def _pair(ng, eg, sin, grad):
             "nested": grad(nested)}
 
 
+@pytest.mark.slow
 def test_against_torch_func():
     t = _pair(torch.no_grad, torch.enable_grad, torch.sin, torch.func.grad)
     f = _pair(fx.no_grad, fx.enable_grad, fnp.sin, fx.grad)

@@ -70,6 +70,7 @@ def _torch_sin(bwd_kind):
     return Sin.apply
 
 
+@pytest.mark.slow
 def test_correct_functions_pass_in_every_mode():
     f = lambda a, b: (fnp.sin(a) * b.sum(), fnp.tanh(b) * a[0])  # noqa: E731
     x, y = jnp.asarray(X), jnp.asarray(Y)
@@ -82,6 +83,7 @@ def test_correct_functions_pass_in_every_mode():
     assert gradcheck(lifted, [x, 2], check_forward_ad=True)
 
 
+@pytest.mark.slow
 def test_python_control_flow_runs_eagerly():
     def f(a):
         if float(a.sum()) > 0:  # concrete under functx's transforms, not under jax.jit
@@ -95,6 +97,7 @@ def test_python_control_flow_runs_eagerly():
         gradcheck(g, (jnp.asarray(X),))
 
 
+@pytest.mark.slow
 def test_wrong_custom_vjp_is_reported():
     x = jnp.asarray(X)
     wrong = _functx_sin("wrong")
@@ -116,6 +119,7 @@ def test_wrong_custom_vjp_is_reported():
     assert gradcheck(_functx_sin("right"), (x,), check_forward_ad=True, check_batched_grad=True)
 
 
+@pytest.mark.slow
 def test_pass_fail_agrees_with_torch():
     x, tx = _both(X)
     for kind in ("right", "wrong", "detached"):
@@ -132,6 +136,7 @@ def test_pass_fail_agrees_with_torch():
         gradgradcheck(_functx_sin("detached"), (x,))
 
 
+@pytest.mark.slow
 def test_gradgradcheck_of_a_two_output_function():
     f = lambda a, b: (fnp.sin(a) * (b ** 2).sum(), fnp.exp(b) * a[1])  # noqa: E731
     x, y = jnp.asarray(X), jnp.asarray(Y)
@@ -153,6 +158,7 @@ def test_input_checks():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.slow
 def test_low_precision_inputs_agree_with_torch(dtype):
     """16-bit inputs are checked as torch checks them (after its warning):
     x * x at dyadic points with eps = 1/4 is exact, so it passes; sin at the

@@ -45,6 +45,7 @@ def torch_loss(x, w, b):
     return mlp_loss(torch, torch.relu, x, w, b)
 
 
+@pytest.mark.slow
 def test_backward_accumulates_into_leaves_like_torch():
     ours, theirs = both()
     ours_loss(*ours).backward(retain_graph=True)
@@ -92,6 +93,7 @@ def test_grad_of_non_leaf_inputs_and_grad_outputs():
 
 
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+@pytest.mark.slow
 def test_create_graph_gives_second_derivatives():
     x = Tensor(jnp.asarray(X[0]), requires_grad=True)
     tx = torch.tensor(X[0], requires_grad=True)
@@ -116,6 +118,7 @@ def test_create_graph_gives_second_derivatives():
     close(hh, thh)
 
 
+@pytest.mark.slow
 def test_shared_subgraphs_several_outputs_and_third_order():
     v0 = rng.standard_normal((1, 4))
 
@@ -160,6 +163,7 @@ def test_unused_inputs():
     close(gu, np.zeros(W.shape))
 
 
+@pytest.mark.slow
 def test_hooks_retain_grad_and_node_hooks_like_torch():
     def run(lib, make, relu):
         x = make(X)
@@ -201,6 +205,7 @@ def test_graph_structure_like_torch():
     np.testing.assert_array_equal(y.detach().numpy(), X * X)
 
 
+@pytest.mark.slow
 def test_multiple_outputs_and_lifted_jax_functions():
     x = Tensor(jnp.asarray(X), requires_grad=True)
     tx = torch.tensor(X, requires_grad=True)
@@ -240,6 +245,7 @@ def test_autograd_function_on_tensors_uses_its_backward():
     close(x.grad, tx.grad)
 
 
+@pytest.mark.slow
 def test_equinox_model_with_tensor_parameters():
     """A torch-style training step on an Equinox model whose parameters are
     tensors (called through functx.lift), against jax.grad."""
@@ -324,6 +330,7 @@ def test_in_place_misuse():
         c.copy_(jnp.ones((2, 4, 3)))
 
 
+@pytest.mark.slow
 def test_tensor_behaves_like_an_array():
     t = tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
     assert t.shape == (2, 2) and t.ndim == 2 and t.dtype == jnp.float64

@@ -47,6 +47,7 @@ FUNCTIONS = {
 
 
 @pytest.mark.parametrize("name", list(FUNCTIONS))
+@pytest.mark.slow
 def test_jax_functions_on_functx_values(name):
     f = FUNCTIONS[name]
     assert close(fx.grad(f)(X), jax.grad(f)(X))
@@ -56,6 +57,7 @@ def test_jax_functions_on_functx_values(name):
         assert close(fx.hessian(f)(X), jax.hessian(f)(X))
 
 
+@pytest.mark.slow
 def test_functx_jit_of_transforms_of_jax_code():
     f = FUNCTIONS["softmax"]
     assert close(fx.jit(fx.vmap(fx.grad(f)))(XS), jax.vmap(jax.grad(f))(XS))
@@ -68,6 +70,7 @@ def test_data_dependent_branch_in_jax_code_under_vmap_names_the_line():
         fx.vmap(FUNCTIONS["python if"])(XS)
 
 
+@pytest.mark.slow
 def test_user_custom_vjp_and_while_loop_closure():
     @jax.custom_vjp
     def clip_grad(x):
@@ -107,6 +110,7 @@ def _user_primitive():
     return cube
 
 
+@pytest.mark.slow
 def test_a_primitive_only_jax_has_rules_for_borrows_them():
     cube = _user_primitive()
 
@@ -136,6 +140,7 @@ def test_a_primitive_without_any_jax_rule_names_itself_and_the_transform():
 # Libraries (test-only dependencies)
 
 
+@pytest.mark.slow
 def test_optax_loss_and_update_step():
     optax = pytest.importorskip("optax")
     logits = jnp.linspace(-1.0, 1.0, 20).reshape(4, 5)
@@ -156,6 +161,7 @@ def test_optax_loss_and_update_step():
                  jax.grad(lambda l: meta(l, jax.grad))(logits))
 
 
+@pytest.mark.slow
 def test_equinox_model_called_directly():
     eqx = pytest.importorskip("equinox")
     mlp = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
@@ -179,6 +185,7 @@ def test_equinox_model_called_directly():
         fx.grad(lambda x: eqx.error_if(x, x < 0, "negative").sum())(-X)
 
 
+@pytest.mark.slow
 def test_flax_linen_and_nnx_ntk_by_vmap_jacrev():
     nn = pytest.importorskip("flax.linen")
 
@@ -203,6 +210,7 @@ def test_flax_linen_and_nnx_ntk_by_vmap_jacrev():
     assert close(got, want)
 
 
+@pytest.mark.slow
 def test_diffrax_ode_solve_under_transforms():
     diffrax = pytest.importorskip("diffrax")
 
@@ -223,6 +231,7 @@ def test_diffrax_ode_solve_under_transforms():
     assert close(fx.vmap(loss, in_dims=(0, None))(ys, 0.5), jax.vmap(loss, in_axes=(0, None))(ys, 0.5))
 
 
+@pytest.mark.slow
 def test_lineax_and_optimistix_implicit_derivatives():
     lx = pytest.importorskip("lineax")
     optx = pytest.importorskip("optimistix")
@@ -245,6 +254,7 @@ def test_lineax_and_optimistix_implicit_derivatives():
     assert close(fx.hessian(root)(2.0), jax.hessian(root)(2.0))
 
 
+@pytest.mark.slow
 def test_jax_checkpoint_in_jax_code_keeps_its_memory_saving():
     """A checkpointed recurrent cell in a scan: same gradient as JAX, and the
     compiled backward pass needs JAX's temp memory, less than without it;
@@ -282,6 +292,7 @@ def test_jax_checkpoint_in_jax_code_keeps_its_memory_saving():
     assert temps[None] < temp(fx.grad, "off")[1]
 
 
+@pytest.mark.slow
 def test_callbacks_in_jax_code_run_when_their_branch_runs():
     """jax.debug.callback in a lax.cond branch: called exactly as JAX calls
     it (once when taken, never when not), under grad, vmap and jit; an
@@ -318,6 +329,7 @@ def test_callbacks_in_jax_code_run_when_their_branch_runs():
         fx.grad(g)(X)
 
 
+@pytest.mark.slow
 def test_jax_jit_functions_run_as_one_call_eagerly(monkeypatch):
     """NOTE [JAX's jit programs stay calls]: eagerly, a jitted JAX function
     on functx values is one functx call (its graph transformed whole), not
@@ -353,6 +365,7 @@ def test_jax_jit_functions_run_as_one_call_eagerly(monkeypatch):
     assert "jit_call" not in graph and "exp" in graph
 
 
+@pytest.mark.slow
 def test_a_transpose_jax_has_is_borrowed_for_functx_primitives(monkeypatch):
     """A library may register a JAX transpose rule JAX lacks (lineax does so
     for stop_gradient, applied to tangents in its own jvp rules): functx's

@@ -30,6 +30,7 @@ def close(a, b, tol=1e-10):
 # -- XLA options (tests/xla_options.py) ----------------------------------------
 
 
+@pytest.mark.slow
 def test_xla_flags_this_jaxlib_rejects_are_left_out():
     # An unknown XLA_FLAGS entry aborts a JAX process: asked in a child.
     known = {"xla_backend_optimization_level": 0}
@@ -101,6 +102,7 @@ def test_scan_counts_of_either_layout():
     assert scan_counts({"ft_in": _Groups([None] * 2, [None] * 5, [None])}) == (2, 5)
 
 
+@pytest.mark.slow
 def test_lifted_scan_against_jax():
     def fn(w, xs):
         def body(c, x):
@@ -135,6 +137,7 @@ HIGH_LEVEL = {
 
 
 @pytest.mark.parametrize("name", sorted(HIGH_LEVEL))
+@pytest.mark.slow
 def test_high_level_primitives_against_jax(name):
     f = HIGH_LEVEL[name]
     close(f(X), f(X))
@@ -144,6 +147,7 @@ def test_high_level_primitives_against_jax(name):
     close(fx.vmap(fx.grad(lambda x: f(x).sum()))(X), jax.vmap(jax.grad(lambda x: f(x).sum()))(X))
 
 
+@pytest.mark.slow
 def test_high_level_primitives_at_new_shapes():
     # jax 0.11+: a high-level primitive equals another of its parameters
     # whatever its operand types; functx's rules for one shape must not

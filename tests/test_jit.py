@@ -112,6 +112,7 @@ def test_static_arguments_key_the_cache():
           jax.grad(lambda x: 3.0 * jnp.sin(jnp.sin(x)).sum())(X))
 
 
+@pytest.mark.slow
 def test_inner_jit_under_a_transform_is_staged_once():
     body = Counted(f_fx)
     jf = fx.jit(body)
@@ -152,10 +153,12 @@ def test_inner_jit_is_one_equation_of_the_outer_program():
      jax.grad(lambda x, y: jax.vmap(f_jax)(x, y).sum()), (XS, YS)),
     ("jit(grad(jit))", fx.jit(fx.grad(fx.jit(f_fx))), jax.grad(f_jax), (X, Y)),
 ])
+@pytest.mark.slow
 def test_composition_matches_jax(name, fx_fn, jax_fn, args):
     close(fx_fn(*args), jax_fn(*args))
 
 
+@pytest.mark.slow
 def test_jvp_and_linearize_of_jit():
     jf = fx.jit(f_fx)
     out, t = fx.jvp(jf, (X, Y), (Y, X))
@@ -232,6 +235,7 @@ def _in_ynn(compiled_text):
     return "__ynn_fusion" in compiled_text
 
 
+@pytest.mark.slow
 def test_large_products_compile_without_ynnpack_on_cpu():
     """NOTE [XLA:CPU's matrix-product library]: on the CPU backend a program
     whose largest product reaches LARGE_PRODUCT multiply-adds, and whose
@@ -319,6 +323,7 @@ def test_generator_state_is_threaded_through_compiled_calls():
     assert not np.allclose(a, b)
 
 
+@pytest.mark.slow
 def test_generator_state_through_nested_jits():
     inner = fx.jit(lambda: fx.random.randn(2))
     outer = fx.jit(lambda: inner() * 2.0)
@@ -329,6 +334,7 @@ def test_generator_state_through_nested_jits():
     close(got, want)
 
 
+@pytest.mark.slow
 def test_generator_draws_under_an_outer_transform_run_inline():
     draw = fx.jit(lambda x: x * fx.random.rand(3))
     fx.random.manual_seed(5)
@@ -403,6 +409,7 @@ def test_jit_static_argument_errors_name_the_argument_and_the_fix():
     assert f.functx_jitted is not None and f.__name__ == "<lambda>"
 
 
+@pytest.mark.slow
 def test_per_sample_weight_gradients_are_not_transposed_copies():
     # the cotangent of W in x @ W is outer(x, ct) as laid out; the program
     # JAX writes for the same thing transposes each per-example gradient
@@ -433,6 +440,7 @@ def test_chunked_vmap_under_jit_is_a_loop_that_bounds_memory():
         assert compiled.memory_analysis().temp_size_in_bytes < bound * full_temp
 
 
+@pytest.mark.slow
 def test_chunked_jacrev_under_jit_is_a_loop():
     w = jnp.asarray(rng.uniform(-1, 1, (3, 16)))
 
@@ -444,6 +452,7 @@ def test_chunked_jacrev_under_jit_is_a_loop():
     close(lowered.compile()(X), jax.jacrev(lambda x: jnp.tanh(w.T @ x))(X))
 
 
+@pytest.mark.slow
 def test_ensemble_forward_and_backward_lower_without_transposes():
     # vmap over stacked weights with a shared minibatch: `x @ W[model]`
     # broadcasts x rather than folding the model axis into W's columns
@@ -459,6 +468,7 @@ def test_ensemble_forward_and_backward_lower_without_transposes():
           jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)), in_axes=(0, None))(ws, XS))
 
 
+@pytest.mark.slow
 def test_batched_matrix_vector_product_does_not_broadcast_the_matrix():
     # the broadcast that pays for an ensemble must not be chosen for a
     # shared matrix times batched vectors (a B x n x n copy)

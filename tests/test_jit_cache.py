@@ -46,6 +46,7 @@ def f_jax(x, scale=2.0):
     return jnp.sin(x) * scale
 
 
+@pytest.mark.slow
 def test_a_fresh_jit_per_call_traces_once():
     calls = []
     f = counted(calls)
@@ -85,6 +86,7 @@ def test_a_fresh_jit_inside_a_transformed_function_under_vmap_of_grad():
     assert len(calls) == 1
 
 
+@pytest.mark.slow
 def test_a_dropped_function_is_freed():
     def make(c):
         def f(x):
@@ -128,6 +130,7 @@ def test_a_dropped_function_is_freed():
     assert owner() is None
 
 
+@pytest.mark.slow
 def test_a_live_wrapper_keeps_its_function():
     # jit(f) holds f: the lambda lives as long as the wrapper, and
     # `.lower` of a temporary wrapper keeps it while lowering
@@ -140,6 +143,7 @@ def test_a_live_wrapper_keeps_its_function():
     close(lowered.compile()(X), jnp.cos(X) * 2.0)
 
 
+@pytest.mark.slow
 def test_closures_with_the_same_code_and_other_values_do_not_share():
     def make(c):
         return lambda x: fnp.sin(x) * c
@@ -161,6 +165,7 @@ def test_closures_with_the_same_code_and_other_values_do_not_share():
     close(fx.jit(twin)(X), f_jax(X, 1.0))
 
 
+@pytest.mark.slow
 def test_partials_share_by_value_and_type():
     calls = []
 
@@ -187,6 +192,7 @@ def test_partials_share_by_value_and_type():
 
 
 @pytest.mark.parametrize("under", ["eager", "grad"])
+@pytest.mark.slow
 def test_static_argument_values_key_the_program(under):
     calls = []
 
@@ -220,6 +226,7 @@ def test_static_argument_values_key_the_program(under):
             is not fx.jit(h, static_argnums=1, static_argnames="scale").functx_jitted)
 
 
+@pytest.mark.slow
 def test_the_cache_is_bounded(monkeypatch):
     monkeypatch.setattr(jit_module, "CACHE_SIZE", 3)
     monkeypatch.setattr(jit_module, "SIGNATURE_CACHE_SIZE", 2)

@@ -40,6 +40,7 @@ def _close(got, want, tol=1e-10):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
 def test_expn_second_order():
     """The report's repro (vjp of grad of a lifted expn under jax.jit) and
     jvp of grad, against E_0; and the order as a traced argument of the
@@ -176,6 +177,7 @@ def _scaled_nondiff(scale):
 
 @pytest.mark.parametrize("make", [_scaled, _scaled_nondiff], ids=["closure", "nondiff_fn"])
 @pytest.mark.parametrize("where", ["argument", "argument_eager", "enclosing_jit"])
+@pytest.mark.slow
 def test_custom_vjp_closing_over_traced_value(make, where):
     """The closed-over value an argument of the lifted function (traced by
     lifting; under jax.jit or eagerly) or a value of an enclosing jax.jit

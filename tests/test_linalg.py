@@ -168,6 +168,7 @@ OPS = [
 
 
 @pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+@pytest.mark.slow
 def test_linalg_primitive_sweep(op):
     case = sweep.prepare(op)  # host arrays; the loop references run in the jit
     results = _compiled(lambda data: sweep.checks(case, data), (case.data,))(case.data)
@@ -232,6 +233,7 @@ def _public_params():
 
 
 @pytest.mark.parametrize("name", list(_public_params()))
+@pytest.mark.slow
 def test_public_linalg_under_transforms(name):
     """grad (and finite differences), jvp, vmap(grad) and for some the
     hessian (= jacfwd(jacrev)) of the same jax.numpy.linalg code, lifted."""
@@ -258,6 +260,7 @@ def test_public_linalg_under_transforms(name):
         sweep.compare(f"{name}: {check}", got, want, 1e-6)
 
 
+@pytest.mark.slow
 def test_functx_numpy_linalg_directly():
     """functx.numpy.linalg on functx values, eager (no outer jit): the eager
     caches (fused reverse steps, batched steps) replay the same rules."""
@@ -276,6 +279,7 @@ def test_functx_numpy_linalg_directly():
         sweep.compare("vmap", fx.vmap(f)(batch), want_vmap, 1e-8)
 
 
+@pytest.mark.slow
 def test_matrix_rank_under_vmap():
     fl = fx.numpy.linalg
     batch = np.stack([A3, np.outer(V3, V3), np.zeros((3, 3))])
@@ -287,6 +291,7 @@ def test_matrix_rank_under_vmap():
 # Derivatives JAX declines: a clear functx error, never a wrong number
 
 
+@pytest.mark.slow
 def test_svd_full_matrices_non_square_raises():
     f = fx.lift(lambda a: jnp.sum(L.svd(a, full_matrices=True)[0]))
     with pytest.raises(fx.MissingRuleError, match="svd"):
@@ -302,6 +307,7 @@ def test_eig_vectors_need_opt_in():
         fx.grad(f)(NonSym(3)(RNG))
 
 
+@pytest.mark.slow
 def test_custom_linear_solve_without_transpose_solve():
     """Forward mode needs only `solve`; reverse mode needs `transpose_solve`."""
     def f(a, b):

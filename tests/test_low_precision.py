@@ -149,7 +149,13 @@ def _compare(name, got, want, tol):
             np.testing.assert_array_equal(g, w, err_msg=name)
 
 
-@pytest.mark.parametrize("op", [pytest.param(r, id=r.name) for r in RECORDS])
+# The quick subset (`pytest -m "not slow"`, the marker in pyproject.toml) runs
+# a spread sample of the records, every QUICK_EVERY-th; the full suite all.
+QUICK_EVERY = 50
+
+
+@pytest.mark.parametrize("op", [pytest.param(r, id=r.name, marks=[pytest.mark.slow] if i % QUICK_EVERY else [])
+                                for i, r in enumerate(RECORDS)])
 def test_low_precision_sweep(op, request):
     results = _runner.results_for(op, request)
     if isinstance(results, BaseException):
@@ -159,6 +165,7 @@ def test_low_precision_sweep(op, request):
         _compare(f"{op.name}: {composition}", got, want, op.tol)
 
 
+@pytest.mark.slow
 def test_sweep_differentiates_low_precision_arguments():
     """The sweep's records really are low precision, and differentiated."""
     for record in RECORDS:
@@ -249,6 +256,7 @@ def _every_transform(T, loss, per_sample, params, x, y, t):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling,loss_dtype", TWO_VARIANTS)
 def test_mixed_precision_every_transform(spelling, loss_dtype):
     """bfloat16 compute on float32 parameters under grad, per-sample
@@ -268,6 +276,7 @@ def test_mixed_precision_every_transform(spelling, loss_dtype):
     assert got["vmap(grad) (per-sample)"]["w1"].shape == (6, 4, 5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling,loss_dtype", TWO_VARIANTS)
 def test_mixed_precision_training_step(spelling, loss_dtype):
     """One SGD step, eagerly: float32 gradients of bfloat16 compute, the
@@ -286,6 +295,7 @@ def test_mixed_precision_training_step(spelling, loss_dtype):
 
 
 @pytest.mark.parametrize("spelling,loss_dtype", VARIANTS)
+@pytest.mark.slow
 def test_mixed_precision_jit_grad(spelling, loss_dtype):
     loss, _, jax_loss, _ = _variant(spelling, loss_dtype)
     params, x, y = _init()
@@ -328,6 +338,7 @@ FX_LIFTED["vmap"] = FX["vmap"]
 
 
 @pytest.mark.parametrize("dtype", list(INPUT_DTYPES))
+@pytest.mark.slow
 def test_low_precision_inputs_are_differentiable(dtype):
     """grad, vjp, jvp, jacrev, jacfwd, hessian, linearize and vmap(grad)
     take bfloat16, float16 and float8 inputs and give JAX's results, in
@@ -341,6 +352,7 @@ def test_low_precision_inputs_are_differentiable(dtype):
 
 
 @pytest.mark.parametrize("dtype", list(INPUT_DTYPES))
+@pytest.mark.slow
 def test_low_precision_inputs_eagerly(dtype):
     """The same, outside jax.jit (functx's eager paths) for grad and jvp."""
     x = jnp.asarray([0.5, -1.25, 1.5], INPUT_DTYPES[dtype])

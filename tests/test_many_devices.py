@@ -45,6 +45,7 @@ ONE = SingleDeviceSharding(jax.devices()[0])
 MESH1 = jax.make_mesh((1,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
+@pytest.mark.slow
 def test_jit_shardings_on_one_device():
     rows = NamedSharding(MESH1, P("d"))
     f = functx.jit(functx.vmap(functx.grad(loss), in_dims=(None, 0)),
@@ -70,6 +71,7 @@ def test_donated_argument_is_donated():
     assert x.is_deleted()  # as with jax.jit(donate_argnums=0)
 
 
+@pytest.mark.slow
 def test_shard_map_on_a_one_device_mesh():
     def body(w, xb):
         return jax.lax.psum(jnp.sum(jax.vmap(loss, in_axes=(None, 0))(w, xb)), "d")
@@ -97,6 +99,7 @@ def eight_device_results():
     return json.loads(lines[-1][len("RESULTS "):])
 
 
+@pytest.mark.slow  # one subprocess with 8 simulated devices runs every check
 @pytest.mark.parametrize("check", CHECKS)
 def test_eight_devices(eight_device_results, check):
     assert eight_device_results[check] == "ok", eight_device_results[check]
@@ -119,6 +122,7 @@ def _host_name_resolves():
         return False
 
 
+@pytest.mark.slow  # two processes, each compiling the step
 @pytest.mark.skipif(not _host_name_resolves(),
                     reason="gloo's TCP transport needs this machine's host name to resolve "
                            "(/etc/hosts)")

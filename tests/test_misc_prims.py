@@ -47,6 +47,7 @@ COMPLEX_FUNCTIONS = {
 
 
 @pytest.mark.parametrize("name", list(COMPLEX_FUNCTIONS))
+@pytest.mark.slow
 def test_complex_jvp_vjp_match_jax(name):
     f = COMPLEX_FUNCTIONS[name]
     z, w = crandn(2, 3), crandn(2, 3)
@@ -74,6 +75,7 @@ def test_complex_jvp_vjp_match_jax(name):
     close(got, want)
 
 
+@pytest.mark.slow
 def test_grad_of_a_real_function_of_complex_input_matches_jax():
     def f(z):
         return jnp.sum(jnp.abs(jnp.fft.fft(z * jnp.conj(z[::-1]))) ** 2)
@@ -82,6 +84,7 @@ def test_grad_of_a_real_function_of_complex_input_matches_jax():
     close(jax.jit(fx.grad(fx.lift(f)))(z), jax.grad(f)(z))
 
 
+@pytest.mark.slow
 def test_abs_derivative_at_zero_matches_jax():
     x = jnp.array([0.0, -1.0, 2.0])
     z = jnp.array([0.0 + 0.0j, 3.0 - 4.0j])
@@ -94,6 +97,7 @@ def test_abs_derivative_at_zero_matches_jax():
 # fft through functx.numpy.fft
 
 
+@pytest.mark.slow
 def test_functx_numpy_fft_under_grad_vmap_and_second_order():
     x = jnp.asarray(rng.normal(size=(3, 4, 6)))
     v = jnp.asarray(rng.normal(size=(3, 4, 6)))
@@ -125,6 +129,7 @@ def test_functx_numpy_fft_under_grad_vmap_and_second_order():
 # Pooling: Equinox's MaxPool2d and AvgPool2d in a CNN
 
 
+@pytest.mark.slow
 def test_equinox_pooling_cnn_per_sample_grads_and_hvp_match_jax():
     # The model is built abstractly (no random initialisation to compile),
     # then given NumPy weights.
@@ -160,6 +165,7 @@ def test_equinox_pooling_cnn_per_sample_grads_and_hvp_match_jax():
     close(got, want)
 
 
+@pytest.mark.slow
 def test_generic_reduce_window_forward_mode_and_vmap_and_reverse_error():
     def prod_pool(x):  # a custom computation: lax.mul is no monoid JAX special-cases
         return lax.reduce_window(x, 1.0, lax.mul, (2, 2), (1, 1), ((0, 1), (1, 0)))
@@ -190,6 +196,7 @@ def test_generic_reduce_window_forward_mode_and_vmap_and_reverse_error():
         fx.grad(lambda y: F(y).sum())(x)
 
 
+@pytest.mark.slow
 def test_max_pool_with_window_dilation_reverse_mode_raises_forward_mode_works():
     def pool(x):
         return lax.reduce_window(x, -jnp.inf, lax.max, (2,), (1,), "VALID", window_dilation=(2,))
@@ -204,6 +211,7 @@ def test_max_pool_with_window_dilation_reverse_mode_raises_forward_mode_works():
 # top_k: the indices under vmap
 
 
+@pytest.mark.slow
 def test_top_k_indices_and_values_under_vmap():
     x = jnp.asarray(rng.normal(size=(3, 5, 2)))
     f = lambda y: lax.top_k(y, 3, axis=1)  # noqa: E731
@@ -214,6 +222,7 @@ def test_top_k_indices_and_values_under_vmap():
 # Special functions: derivatives JAX does not define raise clear errors
 
 
+@pytest.mark.slow
 def test_zeta_derivative_in_q_against_closed_form_and_finite_differences():
     # JAX has no derivative for zeta; functx has d/dq zeta(s, q) = -s zeta(s+1, q)
     s = jnp.array([2.5, 3.0, 4.0])
@@ -265,6 +274,7 @@ def _argmax_reduce(x, i):  # variadic: a value and its index, reduced together
     return lax.reduce((x, i), (-jnp.inf, jnp.zeros((), i.dtype)), comp, (1,))
 
 
+@pytest.mark.slow
 def test_generic_reduce_all_modes_match_jax():
     x = jnp.asarray(rng.uniform(0.5, 1.5, size=(5, 3)))
     t = jnp.asarray(rng.normal(size=(5, 3)))
@@ -306,6 +316,7 @@ def test_generic_reduce_batched_initial_values_and_init_tangent_error():
         fx.jvp(lambda init: fx.lift(f)(x[0], init), (s[0],), (s[1],))
 
 
+@pytest.mark.slow
 def test_functx_lax_reduce_recognises_functx_monoids():
     x = jnp.asarray(rng.normal(size=(3, 4)))
     for comp, init, name in [(fx.lax.add, 0.0, "reduce_sum"), (fx.lax.max, -jnp.inf, "reduce_max"),
@@ -324,6 +335,7 @@ def test_functx_lax_reduce_recognises_functx_monoids():
 @pytest.mark.parametrize("name, fx_comp, jax_comp, init", [
     ("max", fx.lax.max, lax.max, -jnp.inf), ("sum", fx.lax.add, lax.add, 0.0),
     ("min", fx.lax.min, lax.min, jnp.inf)])
+@pytest.mark.slow
 def test_functx_lax_reduce_window_is_pooling_under_every_transform(name, fx_comp, jax_comp, init):
     x = jnp.asarray(rng.normal(size=(4, 5)))
     t = jnp.asarray(rng.normal(size=(4, 5)))
@@ -398,6 +410,7 @@ def _without_sink(x, y):  # the reference: JAX's own vmap of dce_sink's jvp fail
 @pytest.mark.parametrize("ours, f", [(_barrier_fn, _barrier_fn), (_device_put_fn, _device_put_fn),
                                      (_dce_sink_fn, _without_sink)],
                          ids=["optimization_barrier", "device_put", "dce_sink"])
+@pytest.mark.slow
 def test_identity_like_primitives_under_every_transform_match_jax(ours, f):
     name = ours.__name__[1:-3]
     x, y = jnp.asarray(rng.normal(size=3)), jnp.asarray(rng.normal(size=3))
@@ -469,6 +482,7 @@ def _callback_fn(record, vmap_method):
 
 @pytest.mark.parametrize("vmap_method", ["sequential", "sequential_unrolled", "expand_dims",
                                          "broadcast_all", "legacy_vectorized"])
+@pytest.mark.slow
 def test_pure_callback_vmap_methods_match_jax_results_and_calls(vmap_method):
     xs, y = jnp.asarray(rng.normal(size=(4, 3))), jnp.asarray(rng.normal(size=3))
     ours, theirs = _Recorder(), _Recorder()
@@ -488,6 +502,7 @@ def test_pure_callback_vmap_methods_match_jax_results_and_calls(vmap_method):
     assert sorted(ours.shapes) == sorted(theirs.shapes), (ours.shapes, theirs.shapes)
 
 
+@pytest.mark.slow
 def test_pure_callback_runs_only_when_the_program_runs():
     record = _Recorder()
     f = _callback_fn(record, "sequential")
@@ -530,6 +545,7 @@ def test_pure_callback_has_no_derivative_or_default_vmap():
         fx.vmap(G, in_dims=(0, None))(jnp.stack([x, y]), y)
 
 
+@pytest.mark.slow
 def test_pure_callback_with_integer_results_has_a_zero_derivative():
     # JAX refuses any derivative through a callback; an integer result has
     # a zero tangent whatever the callback does
@@ -547,6 +563,7 @@ def test_pure_callback_with_integer_results_has_a_zero_derivative():
 # Primitives the inventory of jax.lax found (python -m functx.coverage)
 
 
+@pytest.mark.slow
 def test_ragged_dot_under_every_transform_matches_jax():
     lhs, rhs = jnp.asarray(rng.normal(size=(5, 3))), jnp.asarray(rng.normal(size=(2, 3, 4)))
     groups = jnp.array([2, 3], jnp.int32)
@@ -572,6 +589,7 @@ def test_ragged_dot_under_every_transform_matches_jax():
     close(got, want)
 
 
+@pytest.mark.slow
 def test_composite_is_its_decomposition_under_transforms():
     # JAX refuses to differentiate lax.composite; lifting inlines the decomposition
     f = lambda x: lax.composite(lambda y: jnp.sin(y) * y, "functx.test_op")(x)  # noqa: E731
@@ -581,6 +599,7 @@ def test_composite_is_its_decomposition_under_transforms():
     close(fx.vmap(fx.jacfwd(fx.lift(f)))(x[:, None]), jax.vmap(jax.jacfwd(g))(x[:, None]))
 
 
+@pytest.mark.slow
 def test_rng_bit_generator_and_scaled_dot_under_vmap():
     # JAX has no batching rule for rng_bit_generator: one key at a time
     keys = jnp.asarray(rng.integers(0, 2**31, size=(3, 4)), jnp.uint32)

@@ -55,6 +55,7 @@ def test_functional_call_replaces_the_named_leaves_only():
 
 
 @pytest.mark.parametrize("model, xs", [(MLP, XS), (CNN, IMGS)], ids=["mlp", "cnn"])
+@pytest.mark.slow
 def test_per_sample_gradients_equal_a_per_example_loop(model, xs):
     def loss(m, x):
         return jnp.sum(jnp.tanh(m(x)) ** 2)
@@ -66,6 +67,7 @@ def test_per_sample_gradients_equal_a_per_example_loop(model, xs):
     close(got, per_example_grads(model, xs, loss))
 
 
+@pytest.mark.slow
 def test_ensemble_forward_and_backward_equal_the_per_model_loop():
     models = [eqx.nn.MLP(4, 3, 8, 2, key=k) for k in KEYS[:4]]
     params, buffers = fx.stack_module_state(models)
@@ -87,6 +89,7 @@ def test_ensemble_forward_and_backward_equal_the_per_model_loop():
     close(outs, jnp.stack([m(x) for m, x in zip(models, XS[:4])]))
 
 
+@pytest.mark.slow
 def test_tied_weights_follow_each_other_unless_untied():
     lin = eqx.nn.Linear(3, 3, use_bias=False, key=KEYS[5])
     tied = eqx.nn.Sequential([lin, lin])  # the same weight array twice
@@ -124,6 +127,7 @@ def test_stack_module_state_rejects_mismatched_models():
         fx.stack_module_state([])
 
 
+@pytest.mark.slow
 def test_batchnorm_state_under_vmap_and_grad():
     # Equinox keeps BatchNorm's running statistics in an eqx.nn.State passed
     # alongside the model. Under functx transforms run it in inference mode
@@ -162,6 +166,7 @@ def _layer_cases():
 
 
 @pytest.mark.parametrize("name, layer, apply, xs", _layer_cases(), ids=[c[0] for c in _layer_cases()])
+@pytest.mark.slow
 def test_equinox_layers_under_vmap_grad_and_jvp(name, layer, apply, xs):
     params = fx.named_parameters(layer)
 

@@ -100,6 +100,7 @@ def test_plain_calls_do_not_lift(name, call, monkeypatch):
     close(call(fnp), call(jnp))
 
 
+@pytest.mark.slow
 def test_functx_values_inside_named_tuples_are_lifted():
     Pair = collections.namedtuple("Pair", "a b")
 
@@ -110,6 +111,7 @@ def test_functx_values_inside_named_tuples_are_lifted():
     close(fx.grad(lambda v: f(fnp)(v).sum())(A[0]), jax.grad(lambda v: f(jnp)(v).sum())(A[0]))
 
 
+@pytest.mark.slow
 def test_ufunc_methods_and_properties():
     """jax.numpy's ufuncs (add, multiply, ...) are objects with methods;
     functx's versions have the same methods, under transforms too."""
@@ -130,6 +132,7 @@ def test_ufunc_methods_and_properties():
     close(fx.vmap(fx.grad(f(fnp)))(A), jax.vmap(jax.grad(f(jnp)))(A))
 
 
+@pytest.mark.slow
 def test_frompyfunc_ufuncs_accept_functx_values():
     def f(np_):
         u = np_.frompyfunc(lambda a, b: a * b + np_.sin(a), 2, 1, identity=0.0)
@@ -171,6 +174,7 @@ FUNCTIONS = [
 @pytest.mark.parametrize(
     "name,f,jf", FUNCTIONS, ids=[p.values[0] if hasattr(p, "values") else p[0] for p in FUNCTIONS]
 )
+@pytest.mark.slow
 def test_numpy_functions_under_transforms(name, f, jf):
     close(fx.vmap(f)(AS), jax.jit(jax.vmap(jf))(AS))
     g = fx.grad(lambda x: fnp.sum(f(x) ** 2))(A)
@@ -200,6 +204,7 @@ def _array_program(x, y):
     return parts
 
 
+@pytest.mark.slow
 def test_functx_values_behave_like_jax_arrays():
     want = jax.jit(jax.vmap(_array_program))(AS, AS * 0.5)
     got = fx.vmap(_array_program)(AS, AS * 0.5)
@@ -209,6 +214,7 @@ def test_functx_values_behave_like_jax_arrays():
     close(jvp_got, jvp_want)
 
 
+@pytest.mark.slow
 def test_attributes_and_iteration():
     def f(x):
         assert x.shape == (4, 3) and x.ndim == 2 and x.size == 12 and x.dtype == A.dtype
@@ -220,6 +226,7 @@ def test_attributes_and_iteration():
     close(fx.grad(lambda x: fnp.sum(f(x) * B))(A), B[::-1])
 
 
+@pytest.mark.slow
 def test_numpy_arrays_and_scalars_on_either_side():
     n = np.asarray(B)
 
@@ -229,6 +236,7 @@ def test_numpy_arrays_and_scalars_on_either_side():
     close(fx.vmap(f)(AS), jax.vmap(lambda x: n * x + x * n + 3 * x + x * 3 + 1.5 + x)(AS))
 
 
+@pytest.mark.slow
 def test_weak_types_follow_jax():
     got = fx.grad(lambda x: (x * 2.0).astype(jnp.float32).sum())(jnp.asarray(1.0))
     want = jax.grad(lambda x: (x * 2.0).astype(jnp.float32).sum())(jnp.asarray(1.0))
@@ -241,6 +249,7 @@ def test_weak_types_follow_jax():
 # Lifting
 
 
+@pytest.mark.slow
 def test_lift_caches_per_shape_dtype_and_static_arguments():
     calls = []
 
@@ -260,6 +269,7 @@ def test_lift_caches_per_shape_dtype_and_static_arguments():
     close(fx.grad(lambda x: lf(x, power=3))(A), jax.grad(lambda x: f(x, power=3))(A))
 
 
+@pytest.mark.slow
 def test_lift_inlines_jit_and_calls_through_custom_jvp():
     @jax.jit
     def inner(x):
@@ -271,6 +281,7 @@ def test_lift_inlines_jit_and_calls_through_custom_jvp():
     close(fx.jacfwd(fx.lift(inner))(A[0]), jax.jacfwd(inner)(A[0]))
 
 
+@pytest.mark.slow
 def test_lift_equinox_module_under_vmap_and_grad():
     mlp = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.PRNGKey(0))
     lifted = fx.lift(mlp)

@@ -24,9 +24,16 @@ GROUP = 8
 _runner = sweep.GroupedRunner("test_primitive_sweep", GROUP, sweep.prepare)
 
 
+# The quick subset (`pytest -m "not slow"`, the marker in pyproject.toml) runs
+# a spread sample of the records, every QUICK_EVERY-th; the full suite all.
+QUICK_EVERY = 100
+
+
 def _params():
-    for op in OPS:
+    for i, op in enumerate(OPS):
         marks = [pytest.mark.xfail(reason=XFAIL[op.name], strict=True)] if op.name in XFAIL else []
+        if i % QUICK_EVERY:
+            marks.append(pytest.mark.slow)
         yield pytest.param(op, id=op.name, marks=marks)
 
 
@@ -107,6 +114,7 @@ def _apply_cases():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(3))
 def test_scatter_apply_derivatives_against_jax(case):
     import functx as fx
@@ -127,6 +135,7 @@ def test_scatter_apply_derivatives_against_jax(case):
     assert jnp.allclose(per_example, jax.vmap(jax.grad(lambda x: oracle(x).sum()))(xs))
 
 
+@pytest.mark.slow
 def test_scatter_apply_on_functx_values():
     """`.at[i].apply` on a functx value, with a jax.numpy or functx.numpy f."""
     import functx as fx
@@ -138,6 +147,7 @@ def test_scatter_apply_on_functx_values():
         assert jnp.allclose(g, jnp.array([1.0, jnp.cos(0.7), 1.0]))
 
 
+@pytest.mark.slow
 def test_scatter_apply_with_repeated_indices_refuses_its_derivative():
     """f is applied once per repetition (JAX: exp(exp(x))); functx refuses
     the derivative instead of returning a wrong one, and evaluation works."""

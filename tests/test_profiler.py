@@ -76,6 +76,7 @@ def test_nested_transforms_label_outer_first():
         assert n.split("/")[-1] in {"sin", "cos", "mul", "neg", "add_any", "backward"}, n
 
 
+@pytest.mark.slow
 def test_backward_range_encloses_its_primitives():
     x = jnp.full((5, 7), 0.25)  # a shape unlikely to be warm: backward runs op by op
     with profiler.profile() as prof:

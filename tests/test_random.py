@@ -32,6 +32,7 @@ def test_manual_seed_is_deterministic():
     assert fr.initial_seed() == 7
 
 
+@pytest.mark.slow
 def test_ranges_shapes_and_dtypes():
     fr.manual_seed(0)
     u = fr.rand(1000)
@@ -57,6 +58,7 @@ def test_vmap_randomness_different_and_same():
     assert np.allclose(rows, rows[0])
 
 
+@pytest.mark.slow
 def test_nested_vmap_randomness():
     fr.manual_seed(2)
     A = jnp.ones((2, 3, 4))
@@ -68,6 +70,7 @@ def test_nested_vmap_randomness():
     assert not np.allclose(np.asarray(out)[0], np.asarray(out)[1])
 
 
+@pytest.mark.slow
 def test_randperm_and_bernoulli_under_vmap():
     fr.manual_seed(3)
     perms = np.asarray(fx.vmap(lambda x: fr.randperm(5), randomness="different")(XS))
@@ -78,6 +81,7 @@ def test_randperm_and_bernoulli_under_vmap():
     assert draws[0].sum() == 0 and draws[1].sum() == 200
 
 
+@pytest.mark.slow
 def test_dropout_modes():
     fr.manual_seed(4)
     x = jnp.ones((4, 1000))
@@ -94,6 +98,7 @@ def test_dropout_modes():
         fx.nn.dropout(x, 1.5)
 
 
+@pytest.mark.slow
 def test_dropout_under_grad_scales_the_gradient_by_the_mask():
     fr.manual_seed(5)
     x = jnp.arange(1.0, 9.0)

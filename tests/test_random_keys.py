@@ -86,6 +86,7 @@ def _draws(k, mu):
     }
 
 
+@pytest.mark.slow
 def test_vmap_over_keys_matches_jax_vmap():
     """New-style keys (axis 0) and raw keys (axis 0 and 1) give jax.vmap's
     draws for the same keys."""
@@ -102,6 +103,7 @@ def test_vmap_over_keys_matches_jax_vmap():
     _compare(_run(checks))
 
 
+@pytest.mark.slow
 def test_eager_vmap_over_keys_matches_loop():
     """Eagerly (no jit): functx.vmap over keys equals the loop over keys;
     keys come out of vmap (out_dims=1) as keys."""
@@ -114,6 +116,7 @@ def test_eager_vmap_over_keys_matches_loop():
     _close(split, jnp.stack([R.split(k, 2) for k in KEYS], 1))
 
 
+@pytest.mark.slow
 def test_vmap_over_seeds_split_and_fold_in():
     data = jnp.arange(3)
     seeds = jnp.array([1, 2, 3])
@@ -150,6 +153,7 @@ def test_vmap_over_seeds_split_and_fold_in():
     _compare(_run(checks))
 
 
+@pytest.mark.slow
 def test_parameters_batched_and_reparameterised_gradients():
     """Unbatched key with batched parameters (any axis); grad, jvp and
     vmap(grad) over keys through reparameterised samples."""
@@ -181,6 +185,7 @@ def test_parameters_batched_and_reparameterised_gradients():
     _compare(_run(checks))
 
 
+@pytest.mark.slow
 def test_gamma_batched_with_gradient():
     """random_gamma batched over keys and shape parameters (batch axis 1),
     with its gradient in `a` (random_gamma's jvp, transposed; the batched
@@ -202,6 +207,7 @@ def test_gamma_batched_with_gradient():
     _compare(_run(checks))
 
 
+@pytest.mark.slow
 def test_random_gamma_grad_derivatives():
     """random_gamma_grad(a, x) = dx/da for a gamma sample x: its value is
     JAX's, and its own derivatives (second derivatives of gamma samples)
@@ -230,6 +236,7 @@ def test_random_gamma_grad_derivatives():
     _compare(_run(checks))
 
 
+@pytest.mark.slow
 def test_keys_as_non_differentiable_inputs():
     """A key next to the parameters (dropout) is a plain input: grad in the
     parameters equals JAX's, per key under vmap too; grad in the key is
@@ -267,6 +274,7 @@ def test_keys_as_non_differentiable_inputs():
     assert t_key.dtype == jt_key.dtype == jax.dtypes.float0 and t_key.shape == jt_key.shape
 
 
+@pytest.mark.slow
 def test_jit_and_outer_jax_jit():
     sample = fx.lift(lambda k, mu: mu + R.normal(k, (2,)))
     batched = fx.vmap(sample, in_dims=(0, None))
@@ -299,6 +307,7 @@ def test_functx_random_namespace():
     _compare(_run(checks))
 
 
+@pytest.mark.slow
 def test_threefry2x32_batched():
     from jax.extend.random import threefry_2x32
 

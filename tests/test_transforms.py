@@ -72,10 +72,12 @@ TREE = {"w": M, "x": X, "b": (Y, V)}
 
 
 @pytest.mark.parametrize("f,args", [(f_scalar, (X,)), (f_two, (X, Y)), (f_tree, (TREE,))])
+@pytest.mark.slow
 def test_grad_matches_jax(f, args):
     close(fx.grad(f)(*args), jax.jit(jax.grad(f))(*args))
 
 
+@pytest.mark.slow
 def test_grad_argnums_tuple_and_negative():
     close(fx.grad(f_two, argnums=(0, 1))(X, Y), jax.jit(jax.grad(f_two, argnums=(0, 1)))(X, Y))
     close(fx.grad(f_two, argnums=-1)(X, Y), jax.jit(jax.grad(f_two, argnums=1))(X, Y))
@@ -83,6 +85,7 @@ def test_grad_argnums_tuple_and_negative():
     assert isinstance(g, tuple) and len(g) == 1
 
 
+@pytest.mark.slow
 def test_grad_has_aux_and_grad_and_value():
     def f(x):
         return f_scalar(x), {"aux": fnp.cos(x)}
@@ -109,6 +112,7 @@ def test_unused_input_gets_zero_gradient():
     close(g, (2 * X, jnp.zeros_like(Y)))
 
 
+@pytest.mark.slow
 def test_vjp_matches_jax_and_is_reusable():
     out, vjp_fn = fx.vjp(f_multi, X)
     jout, jvjp_fn = jax.vjp(f_multi, X)
@@ -120,6 +124,7 @@ def test_vjp_matches_jax_and_is_reusable():
     assert isinstance(first, tuple) and len(first) == 1
 
 
+@pytest.mark.slow
 def test_vjp_several_primals_and_aux():
     out, vjp_fn, aux = fx.vjp(lambda x, y: (f_two(x, y), x * 2), X, Y, has_aux=True)
     jout, jvjp_fn, jaux = jax.vjp(lambda x, y: (f_two(x, y), x * 2), X, Y, has_aux=True)
@@ -131,6 +136,7 @@ def test_vjp_several_primals_and_aux():
 # jvp, linearize
 
 
+@pytest.mark.slow
 def test_jvp_matches_jax():
     close(fx.jvp(f_vec, (X,), (V,)), jax.jvp(f_vec, (X,), (V,)))
     close(fx.jvp(f_multi, (X,), (V,)), jax.jvp(f_multi, (X,), (V,)))
@@ -150,6 +156,7 @@ def test_jvp_of_function_ignoring_its_input_gives_zeros():
     close((out, t), (Y * 2.0, jnp.zeros_like(Y)))
 
 
+@pytest.mark.slow
 def test_linearize_matches_jax_without_retracing():
     calls = []
 
@@ -171,11 +178,13 @@ def test_linearize_matches_jax_without_retracing():
 # vmap
 
 
+@pytest.mark.slow
 def test_vmap_matches_jax_and_loop():
     close(fx.vmap(f_vec)(XS), jax.jit(jax.vmap(f_vec))(XS))
     close(fx.vmap(f_vec)(XS), jnp.stack([f_vec(x) for x in XS]))
 
 
+@pytest.mark.slow
 def test_vmap_in_dims_pytree_negative_and_none():
     tree = {"w": jnp.stack([M] * 5, axis=-1), "x": XS, "b": (Y, V)}
     in_dims = ({"w": -1, "x": 0, "b": None},)
@@ -205,6 +214,7 @@ def test_vmap_kwargs_are_not_mapped():
     close(fx.vmap(f)(XS, scale=Y), XS * Y[None, :])
 
 
+@pytest.mark.slow
 def test_vmap_chunk_size_same_result():
     want = fx.vmap(f_vec)(XS)
     for k in (1, 2, 3, 5, 7):
@@ -213,6 +223,7 @@ def test_vmap_chunk_size_same_result():
     close(fx.vmap(lambda x: (x, Y), out_dims=(1, None), chunk_size=2)(XS), (XS.T, Y))
 
 
+@pytest.mark.slow
 def test_vmap_nested_and_in_dims_shapes():
     A = jnp.asarray(rng.uniform(-1, 1, (2, 5, 3)))
     close(fx.vmap(fx.vmap(f_vec))(A), jax.jit(jax.vmap(jax.vmap(f_vec)))(A))
@@ -225,6 +236,7 @@ def test_vmap_nested_and_in_dims_shapes():
 
 
 @pytest.mark.parametrize("jac,jjac", [(fx.jacrev, jax.jacrev), (fx.jacfwd, jax.jacfwd)])
+@pytest.mark.slow
 def test_jacobians_match_jax(jac, jjac):
     close(jac(f_vec)(X), jjac(f_vec)(X))
     close(staged(jac(f_two, argnums=(0, 1)))(X, Y), jjac(f_two, argnums=(0, 1))(X, Y))
@@ -233,12 +245,14 @@ def test_jacobians_match_jax(jac, jjac):
     close(staged(jac(lambda x: (f_vec(x), {"a": x}), has_aux=True))(X), jjac(lambda x: (f_vec(x), {"a": x}), has_aux=True)(X))
 
 
+@pytest.mark.slow
 def test_jacrev_chunk_size_same_result():
     want = fx.jacrev(f_multi)(X)
     for k in (1, 2, 4):
         close(staged(fx.jacrev(f_multi, chunk_size=k))(X), want)
 
 
+@pytest.mark.slow
 def test_hessian_hvp_vhp_match_jax():
     close(fx.hessian(f_scalar)(X), jax.jit(jax.hessian(f_scalar))(X))
     close(staged(fx.hessian(f_two, argnums=(0, 1)))(X, Y), jax.jit(jax.hessian(f_two, argnums=(0, 1)))(X, Y))
@@ -260,6 +274,7 @@ def _dots(fn, *args):
 W45 = jnp.asarray(rng.uniform(-1, 1, (4, 5)))
 
 
+@pytest.mark.slow
 def test_identity_bases_are_not_multiplied(monkeypatch):
     # NOTE [identity bases]: a product with the identity basis is the other
     # operand's slice; results against JAX (which does multiply), and the
@@ -335,6 +350,7 @@ def _all_dots(graph):
     return n
 
 
+@pytest.mark.slow
 def test_identity_bases_pass_into_jitted_functions(monkeypatch):
     # jacrev(jit(f)): the basis reaches the jitted graph's batching as marks
     from functx.primitives import dot
@@ -358,6 +374,7 @@ def test_identity_bases_pass_into_jitted_functions(monkeypatch):
     close(hess(W45, x5), jax.hessian(lambda w, x: jnp.sum(jnp.tanh(w @ x) ** 3), argnums=1)(W45, x5))
 
 
+@pytest.mark.slow
 def test_chunked_jacrev_skips_the_identity_products(monkeypatch):
     # each chunk of jacrev(chunk_size=k) carries its rows' offsets: chunk
     # [lo, hi) of an output leaf whose rows start at s is the basis at s - lo,
@@ -415,17 +432,20 @@ def loss(w, x, t):
 T = jnp.asarray(rng.uniform(-1, 1, (5, 4)))
 
 
+@pytest.mark.slow
 def test_vmap_grad_per_sample():
     close(fx.vmap(fx.grad(loss), in_dims=(None, 0, 0))(X, XS, T),
           jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))(X, XS, T))
 
 
+@pytest.mark.slow
 def test_jacfwd_jacrev_and_jacrev_jacrev():
     close(fx.jacfwd(fx.jacrev(f_vec))(X), jax.jit(jax.jacfwd(jax.jacrev(f_vec)))(X))
     close(staged(fx.jacrev(fx.jacrev(f_vec)))(X), jax.jit(jax.jacrev(jax.jacrev(f_vec)))(X))
     close(staged(fx.jacfwd(fx.jacfwd(f_vec)))(X), jax.jit(jax.jacfwd(jax.jacfwd(f_vec)))(X))
 
 
+@pytest.mark.slow
 def test_grad_grad_grad():
     f = lambda x: fnp.sin(x) * fnp.exp(x)  # noqa: E731
     close(fx.grad(fx.grad(fx.grad(f)))(0.3), jax.jit(jax.grad(jax.grad(jax.grad(f))))(0.3))
@@ -433,6 +453,7 @@ def test_grad_grad_grad():
     close(fx.grad(lambda x: fnp.sum(fx.grad(g)(x) ** 2))(X), jax.jit(jax.grad(lambda x: jnp.sum(jax.grad(g)(x) ** 2)))(X))
 
 
+@pytest.mark.slow
 def test_vmap_vmap_grad():
     XSS = jnp.stack([XS, XS * 2])
     TS = jnp.stack([T, T * 0.5])
@@ -441,6 +462,7 @@ def test_vmap_vmap_grad():
     close(got, want)
 
 
+@pytest.mark.slow
 def test_jvp_grad_and_vjp_vmap():
     close(fx.jvp(fx.grad(f_scalar), (X,), (V,)), jax.jvp(jax.jit(jax.grad(f_scalar)), (X,), (V,)))
     out, vjp_fn = fx.vjp(fx.vmap(f_vec), XS)
@@ -450,12 +472,14 @@ def test_jvp_grad_and_vjp_vmap():
     close(vjp_fn(ct), jvjp_fn(ct))
 
 
+@pytest.mark.slow
 def test_vmap_jacrev_jacfwd_hessian():
     close(fx.vmap(fx.jacrev(f_vec))(XS), jax.jit(jax.vmap(jax.jacrev(f_vec)))(XS))
     close(staged(fx.vmap(fx.jacfwd(f_vec)))(XS), jax.jit(jax.vmap(jax.jacfwd(f_vec)))(XS))
     close(staged(fx.vmap(fx.hessian(f_scalar)))(XS), jax.jit(jax.vmap(jax.hessian(f_scalar)))(XS))
 
 
+@pytest.mark.slow
 def test_grad_through_vmap_and_vmap_of_vjp_fn():
     close(fx.grad(lambda x: fnp.sum(fx.vmap(f_vec)(x)))(XS), jax.jit(jax.grad(lambda x: jnp.sum(jax.vmap(f_vec)(x))))(XS))
     _, vjp_fn = fx.vjp(f_vec, X)
@@ -464,6 +488,7 @@ def test_grad_through_vmap_and_vmap_of_vjp_fn():
     close(fx.vmap(vjp_fn)(cts), jax.jit(jax.vmap(jvjp_fn))(cts))
 
 
+@pytest.mark.slow
 def test_maml_style_grad_through_inner_grads():
     def inner(w, x, t):
         for _ in range(2):
@@ -484,6 +509,7 @@ def test_maml_style_grad_through_inner_grads():
 # JAX transforms around functx transforms
 
 
+@pytest.mark.slow
 def test_jax_jit_and_jax_vmap_around_functx():
     close(jax.jit(fx.grad(f_scalar))(X), jax.jit(jax.grad(f_scalar))(X))
     close(jax.jit(jax.vmap(fx.grad(f_scalar)))(XS), jax.jit(jax.vmap(jax.grad(f_scalar)))(XS))
@@ -522,6 +548,7 @@ def test_closure_over_outer_batched_value():
     close(fx.vmap(f)(XS), jax.jit(jax.vmap(lambda x: jax.grad(lambda y: jnp.sum(x * y ** 2))(Y)))(XS))
 
 
+@pytest.mark.slow
 def test_python_control_flow_on_concrete_values():
     def f(x):
         if fnp.sum(x) > 0:
@@ -554,6 +581,7 @@ def test_symbolic_zeros_cost_nothing():
     close(fx.grad(lambda x, y: fnp.sum(fnp.sin(x)), argnums=1)(X, Y), jnp.zeros(3))
 
 
+@pytest.mark.slow
 def test_check_grads_on_the_test_functions():
     """functx.test_util.check_grads: finite differences and the inner-product
     identity up to second order, eagerly."""
@@ -565,6 +593,7 @@ def test_check_grads_on_the_test_functions():
     check_grads(lambda w: loss(w, XS[0], T[0]), (X,), order=2)
 
 
+@pytest.mark.slow
 def test_equinox_module_as_a_differentiated_pytree():
     """Array leaves are differentiated; the module's functions and Python
     config get None, as with equinox.filter_grad."""
@@ -617,6 +646,7 @@ def test_interpreter_stacks_are_per_thread():
     close(results["b"], 3.0 * jnp.cos(X))
 
 
+@pytest.mark.slow
 def test_edge_structures():
     # a vector-to-scalar Jacobian is the gradient; a matrix input keeps its shape
     close(fx.jacrev(f_scalar)(X), jax.grad(f_scalar)(X))
@@ -637,6 +667,7 @@ def test_edge_structures():
 # JAX's contracts for results and the functions transforms return (issue 15)
 
 
+@pytest.mark.slow
 def test_jacrev_of_an_integer_output_raises_as_jax_and_torch_do():
     torch = pytest.importorskip("torch")
 
@@ -677,6 +708,7 @@ _WEAK_FNS = {
 
 
 @pytest.mark.parametrize("x", [1.5, jnp.float64(1.5)], ids=["python", "strong"])
+@pytest.mark.slow
 def test_results_keep_jaxs_weak_types(x):
     # (a Python float is weakly typed, also as a jit argument)
     def results(m, f, x):
@@ -706,6 +738,7 @@ def f_res(x):
     return fnp.sin(x) * fnp.exp(x[::-1])
 
 
+@pytest.mark.slow
 def test_vjp_fn_and_jvp_fn_are_pytrees():
     ct = jnp.linspace(-1.0, 1.0, 3)
     want_ct = jax.vjp(f_res, X)[1](ct)
@@ -753,6 +786,7 @@ def test_linearize_has_aux_matches_jax():
 Z = jnp.asarray([1.0 + 2.0j, 0.5 - 1.0j])
 
 
+@pytest.mark.slow
 def test_holomorphic_matches_jax():
     def f(z):
         return z ** 2 * fnp.sin(z)

@@ -260,6 +260,7 @@ def _shape_rule_mismatches(fn, arg_specs, seen):
     return out
 
 
+@pytest.mark.slow
 def test_shape_rules_match_jax():
     """NOTE [weak types in rules]: every shape rule computes JAX's weak
     type (and dtype, shape) for the equations of the op tables."""
@@ -395,10 +396,15 @@ def _transform_results(o, diff, specs, out_spec):
 
 
 _CASES = _cases()
+# The quick subset (`pytest -m "not slow"`, the marker in pyproject.toml) runs
+# a spread sample of the records, every QUICK_EVERY-th; the full suite all.
+QUICK_EVERY = 30
 
 
-@pytest.mark.parametrize("o,mixed", _CASES,
-                         ids=[f"{o.name}{'-mixed' if m else ''}" for o, m in _CASES])
+@pytest.mark.parametrize("o,mixed", [
+    pytest.param(o, m, id=f"{o.name}{'-mixed' if m else ''}",
+                 marks=[pytest.mark.slow] if i % QUICK_EVERY else [])
+    for i, (o, m) in enumerate(_CASES)])
 def test_transforms_keep_weak_types(o, mixed):
     specs, out_spec, diff, variant = _specs(o, mixed)
     bad, stale = [], []
@@ -439,6 +445,7 @@ EAGER = {
 }
 
 
+@pytest.mark.slow
 def test_eager_python_float():
     """grad, jvp, vjp and vmap at a Python float, on concrete values (the
     eager paths: cached compiled rules, materialised zeros)."""

@@ -52,6 +52,7 @@ def test_vmap_of_a_model():
     allclose(result, want.numpy())
 
 
+@pytest.mark.slow
 def test_per_sample_gradients():
     batch_size, feature_size = 3, 5
 
@@ -103,6 +104,7 @@ def test_jvp():
     allclose(out_tangent, jax.jvp(f, (x, y), (jnp.ones(5), jnp.ones(5)))[1])
 
 
+@pytest.mark.slow
 def test_jacrev_jacfwd_and_batched_jacobians():
     x = randn(5)
     jacobian = jacrev(fnp.sin)(x)
@@ -116,6 +118,7 @@ def test_jacrev_jacfwd_and_batched_jacobians():
     allclose(jacobian, expected)
 
 
+@pytest.mark.slow
 def test_hessians():
     def f(x):
         return fnp.sin(x).sum()
