@@ -86,7 +86,7 @@ def _check_every_module_has_fast_tests(items):
     missing from the quick subset (all of its tests marked slow)."""
     modules = {}
     for item in items:
-        path = pathlib.Path(str(item.fspath))
+        path = item.path
         modules.setdefault(path, []).append(item.get_closest_marker("slow") is None)
     if set(modules) != set(_TESTS.glob("test_*.py")):
         return  # a selection of files: nothing to compare with
