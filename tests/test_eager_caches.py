@@ -251,3 +251,29 @@ def test_a_lifted_function_dropped_by_the_user_is_freed():
     fx.grad(lambda x: fx.lift(g)(x).sum())(X)  # the next insertion purges
     assert not any(type(p) is caches.WeakRef and not p.alive()
                    for k in lifting._CACHE.entries for p in k[1])
+
+
+def test_a_new_batch_size_compiles_a_few_programs_not_one_per_step():
+    """Memory per new shape (issue: a notebook trying batch sizes keeps every
+    program): beyond the per-primitive programs (which JAX eager compiles
+    too), a new batch size of vmap(grad) compiles only the deferred queue's
+    programs, the same number for every size; fused and batched steps are
+    staged graphs, never programs of their own (NOTE [deferred eager steps])."""
+    def loss(w, x, y):
+        return fnp.sum((fnp.tanh(x @ w) - y) ** 2)
+
+    per_sample = fx.vmap(fx.grad(loss), in_dims=(None, 0, 0))
+    w = jnp.ones((3, 2))
+    compiles = []
+    for b in (5, 6, 7):
+        before = caches.cache_info()["deferred steps"]["entries"]
+        xs, ys = jnp.ones((b, 3)) * 0.1 * b, jnp.zeros((b, 2))
+        for _ in range(4):
+            out = per_sample(w, xs, ys)
+            caches.wait_for_compiles()
+        np.testing.assert_allclose(
+            out, jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(w, xs, ys), rtol=1e-12)
+        compiles.append(caches.cache_info()["deferred steps"]["entries"] - before)
+    assert compiles[1] == compiles[2] and 1 <= compiles[2] <= 4, compiles
+    for name in ("batched steps", "fused steps"):
+        assert caches.cache_info()[name]["bytes"] == 0, f"{name} hold compiled programs"

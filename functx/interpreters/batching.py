@@ -10,8 +10,9 @@ Eagerly (on concrete arrays) a batching rule may cost several JAX
 dispatches (moving axes, then the operation). As in reverse mode (NOTE
 [eager reverse mode in few dispatches]), the second time a primitive is met
 with the same parameters, avals and batch axes, its batched version is
-staged once (`batch_graph` of a one-equation graph) and runs as one
-compiled call (`batched_step`).
+staged once (`batch_graph` of a one-equation graph: `batched_step`) and
+queued, to run inside one compiled program with its neighbours (NOTE
+[deferred eager steps]).
 
 Rule convention: `rule(axis_size, vals, dims, **params) -> (out, out_dim)`
 where `dims[i]` is the batch axis of `vals[i]` or None; for primitives with
@@ -53,7 +54,6 @@ from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
 from ..caches import RepeatCache
 from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
-from .eval import compile_ahead, compiled, single_program
 from .staging import eval_graph, one_equation_graph, stage
 
 batch_rules = {}  # Primitive -> rule
@@ -202,19 +202,13 @@ class BatchInterpreter(Interpreter):
                     return [self.box(o, d) if b is None else BatchTracer(self, o, d, b)
                             for o, d, b in zip(out, out_dim, basis, strict=True)]
                 return BatchTracer(self, out, out_dim, basis)
-        if concrete:
+        if concrete and _core.eager_hook is None and not prim.effectful:
             # NOTE [deferred eager steps]: not while the profiler watches each
-            # step, nor for a callback, which runs when the program reaches it
-            defer = _core.eager_hook is None and not prim.effectful
-            step = (None if prim in single_program and not defer else
-                    batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis))
+            # step (it sees the primitives the rule binds), nor for a callback,
+            # which runs when the program reaches it
+            step = batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis)
             if step is not None:
-                if defer:
-                    outs = self.queue.defer(step.deferred, vals)  # NOTE [deferred eager steps]
-                elif _core.eager_hook is None:
-                    outs = step.fn(*values(vals))
-                else:  # NOTE [profiler hook]
-                    outs = _core.eager_hook(prim, step.fn, values(vals))
+                outs = self.queue.defer(step.deferred, vals)
                 boxed = [self.box(o, d) if d is not None
                          else (o.force() if type(o) is Pending else o)
                          for o, d in zip(outs, step.out_dims)]
@@ -289,16 +283,21 @@ def batch_graph(graph, axis_size, dims, bases=None, axis=_FROM_RULE):
 
 
 class BatchedStep:
-    __slots__ = ("fn", "out_dims", "deferred")
+    """A primitive's batched graph for its input avals and batch axes:
+    `deferred` is what the queue runs; compiled only as part of the queue's
+    program (NOTE [deferred eager steps])."""
+
+    __slots__ = ("out_dims", "deferred")
 
 
 # (prim, params, avals, dims, size) -> BatchedStep; NOTE [bounded caches]
-_steps = RepeatCache("batched steps", after=1, limit=4096, byte_limit=384 << 20,
-                     doc="eager vmap: one compiled batched program per primitive")
+_steps = RepeatCache("batched steps", after=0, limit=4096,
+                     doc="eager vmap: one staged batched graph per primitive (compiled as "
+                         "part of the deferred queue's program)")
 
 
 def batched_step(prim, params, vals, dims, axis_size, axis=None):
-    """The compiled batched application of `prim`, or None (first sighting,
+    """The staged batched application of `prim`, or None (first sighting,
     unhashable parameters, or a rule that cannot be staged). `axis`: the
     vmap's AxisInfo (NOTE [named axes]; a graph's collectives depend on it)."""
     try:
@@ -320,10 +319,5 @@ def _build_step(prim, params, vals, dims, axis_size, axis=None):
         return None, None
     step = BatchedStep()
     step.out_dims = out_dims
-    if prim in single_program:  # already one program: queued as it is, never re-wrapped
-        step.fn = lambda *args: eval_graph(batched, args)
-        step.deferred = StepOutputs(step.fn, batched)
-        return step, None
-    step.fn = compiled(batched, f"functx_vmap_{prim.name}")
-    step.deferred = StepOutputs(step.fn, batched)
-    return step, compile_ahead(step.fn, *[input_aval(v) for v in vals])
+    step.deferred = StepOutputs(lambda *args: eval_graph(batched, args), batched)
+    return step, None

@@ -1,11 +1,12 @@
 """Deferred eager steps: many compiled steps of a transform run as one call.
 
 NOTE [deferred eager steps]
-Eagerly, once a primitive repeats, reverse mode runs it as one compiled
-*fused step* (NOTE [eager reverse mode in few dispatches]) and vmap as one
-compiled *batched step*. Each is still a JAX dispatch (~15 us on CPU, more on
-a GPU), as much as all the Python around it: a 20-op chain spends half its
-time launching programs of a few flops.
+Eagerly, once a primitive repeats, reverse mode stages it as a *fused step*
+(its output and residuals: NOTE [eager reverse mode in few dispatches]) and
+vmap as a *batched step*. Launching each as a program would still cost a
+JAX dispatch (~15 us on CPU, more on a GPU), as much as all the Python
+around it: a 20-op chain would spend half its time launching programs of a
+few flops.
 
 So the lowest interpreter of a transform (the one whose values are concrete
 arrays) does not launch a step at once. It appends it to its `Queue` and
@@ -25,9 +26,13 @@ outputs are still referenced: the queue holds its Pendings weakly) is the
 key of a `RepeatCache`: the second time a structure is flushed, the steps
 are inlined into one graph whose outputs are the live Pendings, compiled on
 the compile thread (NOTE [bounded caches]); until it is ready the steps run
-one by one, as they would have without the queue. A dead output is an
-intermediate the program keeps inside, so a flush also needs less memory
-than running the steps one at a time.
+one by one, each primitive by the per-primitive program the first sighting
+already compiled. A step is never compiled on its own: the queue's programs
+are the only programs eager transforms compile beyond the per-primitive
+ones (and the backward passes), so a new shape (a new batch size) costs a
+few programs, not one per step. A dead output is an intermediate the
+program keeps inside, so a flush also needs less memory than running the
+steps one at a time.
 
 Results are the same either way: the combined program applies the same
 primitives to the same values (XLA:CPU does not reassociate floating-point
@@ -211,10 +216,6 @@ class Queue:
                 return inputs[-1 - r] if r < 0 else computed[r]
             return r.value
 
-        if len(steps) == 1:
-            step, refs = steps[0]
-            _assign(live, step.fn(*[arg(r) for r in refs]))
-            return
         mask = tuple(p is not None for p in live)
         key = (tuple(steps), tuple(x.aval for x in inputs), mask)
         try:
@@ -224,7 +225,8 @@ class Queue:
         if program is not None:
             _assign([p for p in live if p is not None], program(*inputs))
             return
-        # one step at a time, dropping each dead output after its last reader
+        # one step at a time (each primitive by its own program), dropping
+        # each dead output after its last reader
         last_read = {}
         for j, (_, refs) in enumerate(steps):
             for r in refs:

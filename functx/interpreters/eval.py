@@ -95,12 +95,6 @@ caches.register(
              "doc": "one jitted program per primitive and parameter set (FIFO per primitive)"})
 
 
-# Primitives whose evaluation is already one compiled program (a jit_call
-# runs its graph's): the eager caches of repeated work (fused steps, batched
-# steps: NOTE [bounded caches]) do not wrap them in another one.
-single_program = set()
-
-
 def defimpl(prim, fn):
     """Register a hand-written evaluation of `prim` (for primitives that are
     not a single JAX primitive)."""

@@ -26,9 +26,10 @@ Python around it. Two caches cut the dispatches of eager reverse mode:
 * a *fused step*: the second time a primitive is met with the same
   parameters, input avals and differentiated inputs, the jvp of that one
   primitive is staged and split (`jvp_graph`) into a primal part (output and
-  residuals, e.g. `sin(x)` and `cos(x)`) compiled as one program, and a
-  tangent part whose equations are copied onto the tape. One dispatch per
-  primitive on the way forward, and no jvp rule runs in Python.
+  residuals, e.g. `sin(x)` and `cos(x)`), queued to run inside one compiled
+  program with the steps around it (NOTE [deferred eager steps]), and a
+  tangent part whose equations are copied onto the tape. No jvp rule runs
+  in Python.
 * a *compiled backward pass*: a tape whose structure (equations, avals,
   which values are constants) was already transposed twice is transposed by
   one compiled program taking its constants and cotangents as arguments.
@@ -47,13 +48,13 @@ from jax._src.core import EvalTrace as _JaxEvalTrace
 
 from .. import core as _core
 from .. import xla_cpu
-from ..core import TRACER_TYPES, Aval, Zero, aval_of, bind, check_tree_usable, check_usable, missing_rule
+from ..core import TRACER_TYPES, Zero, aval_of, bind, check_tree_usable, check_usable, missing_rule
 from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
 from ..caches import RepeatCache
 from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
-from .eval import compile_ahead, compiled, single_program
+from .eval import compile_ahead
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
     Const,
@@ -242,20 +243,14 @@ class ReverseInterpreter(JVPInterpreter):
                     pending = True
                 elif type(p) not in CONSTANT_TYPES:
                     concrete = False
-        if concrete:
-            # NOTE [deferred eager steps]: not while a hook watches each step, nor
-            # for a callback, which runs when the Python program reaches it
-            defer = _core.eager_hook is None and not tape_observers and not prim.effectful
-            step = (None if prim in single_program and not defer
-                    else fused_step(prim, params, primals, tuple(differentiated)))
+        if concrete and _core.eager_hook is None and not tape_observers and not prim.effectful:
+            # NOTE [deferred eager steps]: not while a hook watches each step (it
+            # sees the primitives the rule binds), nor for a callback, which runs
+            # when the Python program reaches it
+            step = fused_step(prim, params, primals, tuple(differentiated))
             if step is not None:
                 split = step.split
-                if defer:
-                    outs = self.queue.defer(step.deferred, primals)  # NOTE [deferred eager steps]
-                else:
-                    primals = values(primals)  # NOTE [profiler hook], NOTE [tape hooks]
-                    outs = (step.primal(*primals) if _core.eager_hook is None
-                            else _core.eager_hook(prim, step.primal, primals))
+                outs = self.queue.defer(step.deferred, primals)
                 live = [t for t, d in zip(tangents, differentiated) if d]
                 out_tangents = iter(self.tape.inline(
                     split.tangent, split.residuals(primals, outs) + live))
@@ -294,12 +289,17 @@ class ReverseInterpreter(JVPInterpreter):
 
 
 class FusedStep:
-    __slots__ = ("primal", "split", "deferred")
+    """A primitive's jvp split for its input avals: `split.primal` (output
+    and residuals) is what the queue runs (`deferred`), `split.tangent` what
+    the tape records."""
+
+    __slots__ = ("split", "deferred")
 
 
 # (prim, params, avals, differentiated) -> FusedStep; NOTE [bounded caches]
-_fused = RepeatCache("fused steps", after=1, limit=4096, byte_limit=384 << 20,
-                     doc="eager reverse mode: one compiled primal+residuals program per primitive")
+_fused = RepeatCache("fused steps", after=0, limit=4096,
+                     doc="eager reverse mode: one staged primal+residuals graph per primitive "
+                         "(compiled as part of the deferred queue's program)")
 
 
 def fused_step(prim, params, primals, differentiated):
@@ -313,6 +313,9 @@ def fused_step(prim, params, primals, differentiated):
 
 
 def _build_fused(prim, params, primals, differentiated):
+    """Stages the step; compiles nothing: a step only runs inside a queue's
+    program (NOTE [deferred eager steps]), or primitive by primitive until
+    that program is compiled."""
     try:
         split = jvp_graph(one_equation_graph(prim, params, [input_aval(p) for p in primals]),
                           differentiated)
@@ -320,18 +323,13 @@ def _build_fused(prim, params, primals, differentiated):
         return None, None
     step = FusedStep()
     step.split = split
-    if prim in single_program:  # already one program: queued as it is, never re-wrapped
-        step.primal = _evaluator(split.primal)
-        step.deferred = StepOutputs(step.primal, split.primal)
-        return step, None
-    step.primal = compiled(split.primal, f"functx_fused_{prim.name}")
-    step.deferred = StepOutputs(step.primal, split.primal)
-    return step, compile_ahead(step.primal, *[input_aval(p) for p in primals])
+    step.deferred = StepOutputs(_evaluator(split.primal), split.primal)
+    return step, None
 
 
 def _evaluator(graph):
-    """`graph` run equation by equation (for a step that is one jit_call:
-    NOTE [deferred eager steps])."""
+    """`graph` run equation by equation, by the per-primitive programs
+    (NOTE [deferred eager steps])."""
 
     def run(*args):
         return eval_graph(graph, args)
@@ -449,7 +447,7 @@ def _compile_backward(graph, consts, cts):
 # equation).
 
 # tape structure -> (transposed graph, which inputs get a cotangent)
-_staged = RepeatCache("staged backward passes", after=1, limit=1024,
+_staged = RepeatCache("staged backward passes", after=0, limit=1024,
                       doc="eager reverse mode inside other eager transforms: one staged "
                           "transpose per tape structure (NOTE [staged backward passes])")
 
@@ -483,10 +481,10 @@ def _staged_backward(graph, consts, cts, sig, index):
         return None
     transposed, in_nonzero = staged
     if _jit_call is None:
-        from ..primitives.call import jit_call
+        from ..primitives.call import EAGER_BACKWARD, jit_call
 
-        _jit_call = jit_call
-    outs = iter(_core.bind(_jit_call, *consts, *cts, graph=transposed, name="backward")
+        _jit_call = (jit_call, EAGER_BACKWARD)
+    outs = iter(_core.bind(_jit_call[0], *consts, *cts, graph=transposed, name=_jit_call[1])
                 if any(in_nonzero) else ())
     return [next(outs) if nz else Zero(v.aval) for v, nz in zip(graph.inputs, in_nonzero)]
 

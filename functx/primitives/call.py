@@ -11,9 +11,10 @@ one `jax.jit`-compiled program, compiled once per graph.
 import numpy as np
 
 from ..interpreters.batching import batch_graph
-from ..interpreters.eval import compiled, defimpl, single_program
+from ..interpreters.eval import compiled, defimpl
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import transpose_graph
+from ..interpreters.staging import eval_graph
 from .collectives import GraphCallPrimitive
 from .common import (
     Zero,
@@ -30,12 +31,21 @@ from .common import (
 jit_call = defprim("jit_call", multiple_results=True, cls=GraphCallPrimitive)
 
 
+# The name (and the names derived from it: "vmap(...)", "jvp(...)") of the
+# jit_calls eager reverse mode makes of its own (NOTE [staged backward
+# passes]): they run inside the deferred queue's program, or else primitive
+# by primitive; never compiled alone, which would stall the call that first
+# meets them (NOTE [deferred eager steps]).
+EAGER_BACKWARD = "eager backward"
+
+
 def _impl(*args, graph, name):
+    if EAGER_BACKWARD in name:
+        return eval_graph(graph, args)
     return compiled(graph)(*args)
 
 
 defimpl(jit_call, _impl)
-single_program.add(jit_call)  # its jvp's primal part is one program already
 shape_rules[jit_call] = lambda *avals, graph, name: graph.out_avals
 
 
