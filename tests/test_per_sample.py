@@ -243,7 +243,7 @@ def test_gathered_tables(name):
     arrays into the same table, clipped and dropped out-of-range indices; a
     table read through a transpose, also used in a product (tied embedding)
     or gathered in overlapping windows falls back, and so does a table
-    smaller than the t x t comparisons."""
+    smaller than its ids x window size."""
     r = np.random.default_rng(4)
     table = jnp.asarray(r.normal(size=(40, 3)))
     ids = jnp.asarray(r.integers(-2, 43, size=(6, 5)))  # some out of range
@@ -253,7 +253,25 @@ def test_gathered_tables(name):
     assert ghost_plan(loss)(table, use) == [want], name
     check_all(loss, table, (use,), (None, 0), full=False)
     if name == "rows":
-        assert ghost_plan(loss)(table[:8], ids_in % 8) == ["fallback"]  # 5 x 5 > 8 x 3
+        assert ghost_plan(loss)(table[:4], ids_in % 4) == ["fallback"]  # 5 x 3 > 4 x 3
+
+
+@pytest.mark.parametrize("name", ["rows", "rows_twice", "fill"])
+def test_gathered_tables_with_many_ids_sort_them(name, monkeypatch):
+    """More ids per example than the pairwise form takes (lowered to 16 here
+    from 128, to keep the test small): the keys are sorted and equal rows
+    summed ('index-sorted'), out-of-range ids dropped as the gather drops
+    them."""
+    import functx.transforms.per_sample as per_sample
+
+    monkeypatch.setattr(per_sample, "_SHORT", 16)
+    r = np.random.default_rng(5)
+    table = jnp.asarray(r.normal(size=(40, 3)))
+    lo = -2 if name == "fill" else 0
+    ids = jnp.asarray(r.integers(lo, 40 + 2 * (name == "fill"), size=(6, 20)))
+    loss, _ = GATHERS[name]
+    assert ghost_plan(loss)(table, ids) == ["index-sorted"], name
+    check_all(loss, table, (ids,), (None, 0), full=False)
 
 
 def _largest_intermediate(fn, *args):
