@@ -282,7 +282,6 @@ def torch_generic_rows(model, np_params):
     Embedding layers, which its ghost clipping supports)."""
     try:
         import torch
-        import torch.nn.functional as F
         from torch.func import grad, vmap
     except ImportError:
         return {}, None
@@ -357,7 +356,6 @@ def torch_generic_rows(model, np_params):
 
     rows = {"grad of the summed loss, torch eager": (torch_step, "grad"),
             "torch.func vmap(grad) + clip, eager": (torch_clip, "clipped")}
-    del F
     try:
         from opacus.grad_sample import GradSampleModuleFastGradientClipping
         from opacus.optimizers import DPOptimizerFastGradientClipping
