@@ -25,14 +25,16 @@ _runner = sweep.GroupedRunner("test_primitive_sweep", GROUP, sweep.prepare)
 
 
 # The quick subset (`pytest -m "not slow"`, the marker in pyproject.toml) runs
-# a spread sample of the records, every QUICK_EVERY-th; the full suite all.
+# a spread sample of the records, every QUICK_EVERY-th, and one record of each
+# functx/primitives module that no other quick test reaches; the full suite all.
 QUICK_EVERY = 100
+QUICK = {"conv2d_same", "sort", "complex_holomorphic", "fft_ifft"}
 
 
 def _params():
     for i, op in enumerate(OPS):
         marks = [pytest.mark.xfail(reason=XFAIL[op.name], strict=True)] if op.name in XFAIL else []
-        if i % QUICK_EVERY:
+        if i % QUICK_EVERY and op.name not in QUICK:
             marks.append(pytest.mark.slow)
         yield pytest.param(op, id=op.name, marks=marks)
 

@@ -98,7 +98,6 @@ def test_dropout_modes():
         fx.nn.dropout(x, 1.5)
 
 
-@pytest.mark.slow
 def test_dropout_under_grad_scales_the_gradient_by_the_mask():
     fr.manual_seed(5)
     x = jnp.arange(1.0, 9.0)
