@@ -291,7 +291,7 @@ class BatchedStep:
 
 
 # (prim, params, avals, dims, size) -> BatchedStep; NOTE [bounded caches]
-_steps = RepeatCache("batched steps", after=0, limit=4096,
+_steps = RepeatCache("batched steps", after=1, limit=4096,
                      doc="eager vmap: one staged batched graph per primitive (compiled as "
                          "part of the deferred queue's program)")
 

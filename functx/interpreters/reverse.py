@@ -297,7 +297,7 @@ class FusedStep:
 
 
 # (prim, params, avals, differentiated) -> FusedStep; NOTE [bounded caches]
-_fused = RepeatCache("fused steps", after=0, limit=4096,
+_fused = RepeatCache("fused steps", after=1, limit=4096,
                      doc="eager reverse mode: one staged primal+residuals graph per primitive "
                          "(compiled as part of the deferred queue's program)")
 
@@ -447,7 +447,7 @@ def _compile_backward(graph, consts, cts):
 # equation).
 
 # tape structure -> (transposed graph, which inputs get a cotangent)
-_staged = RepeatCache("staged backward passes", after=0, limit=1024,
+_staged = RepeatCache("staged backward passes", after=1, limit=1024,
                       doc="eager reverse mode inside other eager transforms: one staged "
                           "transpose per tape structure (NOTE [staged backward passes])")
 
