@@ -218,6 +218,9 @@ def test_shared_kernel_and_conv_in_a_program():
     plan = dict(zip(sorted(p), ghost_plan(loss, in_dims=(None, 0, 0))(p, xs, ys)))
     assert plan["k"].startswith("conv-") and plan["k2"] == "fallback", plan
     check_all(loss, p, (xs, ys), (None, 0, 0), wrap=fx.jit)
+    # in chunks (a loop under jit): the same sums
+    chunked = jax.jit(fx.grad_and_norms(loss, in_dims=(None, 0, 0), chunk_size=4))(p, xs, ys)
+    close(chunked, fx.grad_and_norms(loss, in_dims=(None, 0, 0))(p, xs, ys))
 
 
 def _head(h):
@@ -254,6 +257,8 @@ def test_gathered_tables(name):
     check_all(loss, table, (use,), (None, 0), full=False)
     if name == "rows":
         assert ghost_plan(loss)(table[:4], ids_in % 4) == ["fallback"]  # 5 x 3 > 4 x 3
+        chunked = jax.jit(fx.grad_and_norms(loss, chunk_size=4))(table, use)  # a loop under jit
+        close(chunked, fx.grad_and_norms(loss)(table, use))
 
 
 @pytest.mark.parametrize("name", ["rows", "rows_twice", "fill"])
