@@ -578,10 +578,32 @@ def vmap_chunk_size(func, leaves, dims, in_tree, kwargs, size, randomness, out_d
     return auto_chunk_size(staged_at, size, max_memory, call, measure=measure)
 
 
-def basis_chunk_size(fn, basis, starts, call, max_memory, out_dims=0, randomness="error"):
+def call_measure(build, args, kwargs):
+    """`measure(n)` for auto_chunk_size: the compiled peak of
+    `build(n)(*args, **kwargs)` (the whole transform with chunk size n),
+    every array leaf of args an argument of the compiled program."""
+    leaves, tree = tree_util.tree_flatten(args)
+    arrays = [i for i, x in enumerate(leaves) if hasattr(x, "shape") and hasattr(x, "dtype")]
+
+    def measure(n):
+        def prog(*xs):
+            filled = list(leaves)
+            for i, x in zip(arrays, xs):
+                filled[i] = x
+            return tree_util.tree_leaves(build(n)(*tree_util.tree_unflatten(tree, filled),
+                                                  **kwargs))
+
+        return compiled_peak(prog, [leaves[i] for i in arrays])
+
+    return measure
+
+
+def basis_chunk_size(fn, basis, starts, call, max_memory, out_dims=0, randomness="error",
+                     measure=None):
     """jacrev / jacfwd's chunk_size='auto': `auto_chunk_size` on the staged
     map of `fn` over the first n rows of the identity `basis` (the outputs
-    are the Jacobian's rows)."""
+    are the Jacobian's rows); under jit `measure(n)` (`call_measure`)
+    compiles the whole Jacobian with chunk size n instead."""
     from .interpreters.staging import stage
     from .primitives import structural as st
     from .transforms.vmap import map_over_basis
@@ -602,4 +624,4 @@ def basis_chunk_size(fn, basis, starts, call, max_memory, out_dims=0, randomness
         return (graph, [True] * n_in + [False] * (len(graph.inputs) - n_in),
                 [True] * len(graph.outputs))
 
-    return auto_chunk_size(staged_at, rows, max_memory, call)
+    return auto_chunk_size(staged_at, rows, max_memory, call, measure=measure)

@@ -577,9 +577,23 @@ def test_jacobians_auto_chunk_equal_unchunked(monkeypatch):
     want = jax.jacrev(f)(x)
     for jac, budget in ((fx.jacrev, 600_000), (fx.jacfwd, 200_000)):
         close(jac(f, chunk_size="auto", max_memory=budget)(x), want, rtol=1e-12)
-        close(jax.jit(jac(f, chunk_size="auto", max_memory=budget))(x), want, rtol=1e-12)
-    rows = [200, 200, 30]  # jacrev: a row per output, jacfwd: a column per input (eagerly)
+    rows = [200, 30]  # eagerly (the estimate): jacrev a row per output, jacfwd a column per input
     assert all(c is not None and c < n for c, n in zip(chosen, rows)), chosen
+
+    # under jit the compiled programs are measured: here XLA holds the
+    # 200 x 200 identity basis whatever the chunk, so no chunk size brings
+    # jacrev below its unchunked peak; a budget that fits it runs unchunked,
+    # one below the one-row peak is refused (not silently exceeded)
+    def peak(g):
+        m = jax.jit(g).lower(x).compile().memory_analysis()
+        return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+
+    for jac in (fx.jacrev, fx.jacfwd):
+        full = peak(jac(f))
+        close(jax.jit(jac(f, chunk_size="auto", max_memory=full))(x), want, rtol=1e-12)
+        assert chosen[-1] is None
+        with pytest.raises(fx.FunctxValueError, match="compiled program's peak"):
+            jax.jit(jac(f, chunk_size="auto", max_memory=full // 2))(x)
     close(fx.jacfwd(f, chunk_size=7)(x), want, rtol=1e-12)
     with pytest.raises(fx.FunctxValueError, match="needs max_memory"):
         fx.jacfwd(f, chunk_size="auto")

@@ -182,9 +182,13 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False
         else:
             chunk = chunk_size
             if chunk == "auto":
-                from ..memory import basis_chunk_size
+                from ..memory import basis_chunk_size, call_measure
 
-                chunk = basis_chunk_size(pull, basis, _starts(sizes), call, max_memory)
+                chunk = basis_chunk_size(pull, basis, _starts(sizes), call, max_memory,
+                                         measure=call_measure(lambda n: jacrev(
+                                             func, argnums, has_aux=has_aux, chunk_size=n,
+                                             holomorphic=holomorphic, allow_int=allow_int),
+                                             args, kwargs))
             rows = map_over_basis(pull, basis, _starts(sizes), call, chunk_size=chunk)
         blocks = []
         start = 0
@@ -265,10 +269,14 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=Fa
         else:
             chunk = chunk_size
             if chunk == "auto":
-                from ..memory import basis_chunk_size
+                from ..memory import basis_chunk_size, call_measure
 
                 chunk = basis_chunk_size(push, basis, _starts(sizes), call, max_memory,
-                                         out_dims=(0, None, None), randomness=randomness)
+                                         out_dims=(0, None, None), randomness=randomness,
+                                         measure=call_measure(lambda n: jacfwd(
+                                             func, argnums, has_aux=has_aux, chunk_size=n,
+                                             holomorphic=holomorphic, randomness=randomness),
+                                             args, kwargs))
             tans, outs, aux = map_over_basis(push, basis, _starts(sizes), call,
                                              out_dims=(0, None, None), randomness=randomness,
                                              chunk_size=chunk)
