@@ -257,9 +257,17 @@ def _trampoline(fn, args, kwargs):
     return fn(*args, **kwargs)
 
 
-def call_lifted(fn, args, kwargs):
+def call_lifted(fn, args, kwargs, replay=False):
     """Call the JAX function `fn(*args, **kwargs)`, where the arguments may
-    hold functx values or autograd tensors (NOTE [lifting])."""
+    hold functx values or autograd tensors (NOTE [lifting]).
+
+    On concrete arrays alone `fn` runs as JAX runs it, unless `replay`: then
+    it is staged and replayed as functx primitives there too. Rules borrowed
+    from JAX (NOTE [rules borrowed from JAX]) replay, so that an eager
+    transform's first sighting of a primitive runs the very per-primitive
+    programs its staged step graphs run later (NOTE [deferred eager
+    steps]), instead of JAX's own eager programs of the same operations,
+    which the next call would compile again in functx's form."""
     leaves, treedef = tree_util.tree_flatten((fn, args, kwargs))
     has_tracer = False
     for leaf in leaves:
@@ -268,7 +276,7 @@ def call_lifted(fn, args, kwargs):
         if type(leaf) in TRACER_TYPES:
             check_usable(leaf)  # NOTE [escaped tracers]: also where nothing is computed
             has_tracer = True
-    if not has_tracer:
+    if not has_tracer and not replay:
         return fn(*args, **kwargs)
     key_parts = []
     dynamic = []

@@ -56,9 +56,9 @@ def _conv_transpose(ct, x, y, **params):
     items = tuple(sorted(params.items()))
     out = [None, None]
     if is_linear(x):
-        out[0] = call_lifted(_transposer(0, x.aval, items), (ct, y), {})
+        out[0] = call_lifted(_transposer(0, x.aval, items), (ct, y), {}, replay=True)
     if is_linear(y):
-        out[1] = call_lifted(_transposer(1, y.aval, items), (ct, x), {})
+        out[1] = call_lifted(_transposer(1, y.aval, items), (ct, x), {}, replay=True)
     return out
 
 
@@ -72,7 +72,7 @@ def _batched(dims, items):
 
 def _conv_batch(size, vals, dims, **params):
     fn = _batched(tuple(dims), tuple(sorted(params.items())))
-    return call_lifted(fn, tuple(vals), {}), 0
+    return call_lifted(fn, tuple(vals), {}, replay=True), 0
 
 
 batch_rules[conv_p] = _conv_batch

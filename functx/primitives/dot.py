@@ -313,9 +313,9 @@ def _ragged_transpose(ct, lhs, rhs, groups, **params):
     items = tuple(sorted(params.items()))
     out = [None, None, None]
     if is_linear(lhs):
-        out[0] = call_lifted(_ragged_transposer(0, lhs.aval, items), (ct, rhs, groups), {})
+        out[0] = call_lifted(_ragged_transposer(0, lhs.aval, items), (ct, rhs, groups), {}, replay=True)
     if is_linear(rhs):
-        out[1] = call_lifted(_ragged_transposer(1, rhs.aval, items), (ct, lhs, groups), {})
+        out[1] = call_lifted(_ragged_transposer(1, rhs.aval, items), (ct, lhs, groups), {}, replay=True)
     return out
 
 
@@ -340,7 +340,7 @@ def _borrowed_batch(jax_prim, batch_all):
             vals = tuple(v if d is None else moveaxis(v, d, 0) for v, d in zip(vals, dims))
             dims = tuple(None if d is None else 0 for d in dims)
         fn = _borrowed_batched(jax_prim, dims, tuple(sorted(params.items())))
-        return call_lifted(fn, vals, {}), 0
+        return call_lifted(fn, vals, {}, replay=True), 0
 
     return rule
 

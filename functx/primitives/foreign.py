@@ -169,7 +169,8 @@ def _define(jax_prim):
             return out, ([Zero.of(o) for o in out] if multiple else Zero.of(out))
         live = [instantiate(t) for t, nz in zip(tangents, nonzero) if nz]
         try:
-            out, t_out = call_lifted(jvp_fn(_Params(params), nonzero), (list(primals), live), {})
+            out, t_out = call_lifted(jvp_fn(_Params(params), nonzero), (list(primals), live), {},
+                                     replay=True)
         except (NotImplementedError, ValueError) as e:  # JAX's rule refuses
             raise _missing(jax_prim, None, e) from e
         def tangent(o, t):
@@ -206,7 +207,7 @@ def _define(jax_prim):
         axis = _rule_context.axis
         spmd = None if axis is None else axis.spmd
         out, out_dims = call_lifted(batch_fn(_Params(params), tuple(dims), size, spmd),
-                                    tuple(vals), {})
+                                    tuple(vals), {}, replay=True)
         out_dims = [None if d == -1 else d for d in out_dims]
         return out, (out_dims if multiple else out_dims[0])
 
@@ -318,7 +319,7 @@ def _transpose_rule(jax_prim):
         cts = [instantiate(c) if type(c) is not Zero else _zeros_of(c.aval) for c in cts]
         nonlinear = [a for a in args if not is_linear(a)]
         fn = transpose_fn(_Params(params), linear_avals)
-        out = call_lifted(fn, (cts, nonlinear), {})
+        out = call_lifted(fn, (cts, nonlinear), {}, replay=True)
         return [o if a is not None else None for o, a in zip(out, linear_avals)]
 
     return transpose_rule

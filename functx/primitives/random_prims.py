@@ -222,7 +222,7 @@ def _gamma_grad_partial(which):
     def contribution(t, a, x, *, log_space):
         from .elementwise import mul
 
-        return mul(t, call_lifted(_partial(which, log_space), (a, x), {}))
+        return mul(t, call_lifted(_partial(which, log_space), (a, x), {}, replay=True))
 
     return contribution
 

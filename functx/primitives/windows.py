@@ -359,7 +359,8 @@ def _generic_jvp(primals, tangents, *, jaxpr, consts, **win):
         return outs, [Zero.of(o) for o in outs]
     fn = _generic_jvp_fn(ByIdentity(jaxpr), ByIdentity(consts), tuple(sorted(win.items())))
     out_tangents = call_lifted(
-        fn, (list(primals[:n]), [instantiate(t) for t in tangents[:n]], list(primals[n:])), {})
+        fn, (list(primals[:n]), [instantiate(t) for t in tangents[:n]], list(primals[n:])), {},
+        replay=True)
     return outs, list(out_tangents)
 
 
