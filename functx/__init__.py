@@ -20,6 +20,7 @@ from .errors import (
     MissingRuleError,
     UnboundAxisNameError,
     ChunkedCollectiveError,
+    EquinoxBatchShapeError,
 )
 from .caches import cache_info, clear_caches
 from .custom import custom_jvp, custom_vjp
@@ -66,6 +67,7 @@ __all__ = [
     "numpy", "lax", "nn", "random", "test_util", "autograd", "config",
     "FunctxError", "FunctxTypeError", "FunctxValueError", "FunctxRuntimeError",
     "EscapedTracerError", "MissingRuleError", "ConcretizationError",
-    "JaxOnFunctxValueError", "UnboundAxisNameError", "ChunkedCollectiveError", "clear_caches", "cache_info",
+    "JaxOnFunctxValueError", "UnboundAxisNameError", "ChunkedCollectiveError", "EquinoxBatchShapeError",
+    "clear_caches", "cache_info",
     "per_sample_grad_norms", "grad_and_norms", "clipped_grad", "memory_report",
 ]

@@ -669,12 +669,11 @@ def jax_misuse_error(value=None):
         )
     what = f" ({value.aval.str_short()})" if isinstance(value, Tracer) else ""
     return JaxOnFunctxValueError(
-        f"A functx value{what} was passed to a JAX or NumPy function at "
-        f"{where}. JAX functions cannot see through functx transforms. Use "
-        "functx.numpy / functx.nn / functx.lax instead of jax.numpy / "
-        "jax.nn / jax.lax, or wrap the JAX function with functx.lift(fn); call an "
-        "Equinox model as functx.functional_call(model, params, args) or "
-        "functx.lift(model)(...)."
+        f"A functx value{what} was converted to a NumPy array at {where} "
+        "(a NumPy function, np.asarray, or code that calls them). NumPy cannot "
+        "carry the transform through, so the derivative or batch would be lost. "
+        "Use jax.numpy or functx.numpy for this computation (JAX code works on "
+        "functx values as it is), or do it outside the transform."
     )
 
 
