@@ -226,3 +226,18 @@ def test_a_queue_passes_each_array_once_and_jax_scalar_constants_by_value():
     q.flush()
     np.testing.assert_array_equal(np.asarray(a[0].value), np.asarray(jnp.sin(x) * 2.0))
     np.testing.assert_array_equal(np.asarray(b[0].value), np.asarray(a[0].value))
+
+
+def test_steps_run_one_at_a_time_with_a_named_collective_in_a_graph(monkeypatch):
+    """Until a queue's program is compiled its steps run one by one, at the
+    bottom of the stack: a jit_call whose graph holds a collective over a
+    live named vmap's axis is not routed back to that vmap (which recursed
+    without end, depending on when the background compiles finished)."""
+    monkeypatch.setattr(deferred._programs, "get", lambda key, build: None)
+    g_fx = fx.jit(lambda c: fx.lax.psum(c, "i") + fx.lax.axis_index("i"))
+    g_jax = jax.jit(lambda c: jax.lax.psum(c, "i") + jax.lax.axis_index("i"))
+    for _ in range(3):  # past the steps' second sighting
+        out = fx.grad(lambda v: fnp.sum(fx.vmap(lambda x: x * g_fx(2.0), axis_name="i")(v) ** 2))(XS[0])
+        caches.wait_for_compiles()
+    want = jax.grad(lambda v: jnp.sum(jax.vmap(lambda x: x * g_jax(2.0), axis_name="i")(v) ** 2))(XS[0])
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-12)

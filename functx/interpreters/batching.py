@@ -282,6 +282,18 @@ def batch_graph(graph, axis_size, dims, bases=None, axis=_FROM_RULE):
     return cached
 
 
+def names_live_axes(prim, params):
+    """Does `prim` (a graph call) hold collectives over named vmap axes? Its
+    step would be evaluated where those names route it back to the vmap
+    (NOTE [named axes]): it keeps the rule path, never queued (NOTE
+    [deferred eager steps])."""
+    if not prim.binds_axis_names:
+        return False
+    from ..primitives.collectives import names_in_params
+
+    return bool(names_in_params(params))
+
+
 class BatchedStep:
     """A primitive's batched graph for its input avals and batch axes:
     `deferred` is what the queue runs; compiled only as part of the queue's
@@ -308,6 +320,8 @@ def batched_step(prim, params, vals, dims, axis_size, axis=None):
 
 
 def _build_step(prim, params, vals, dims, axis_size, axis=None):
+    if names_live_axes(prim, params):
+        return None, None
     in_avals = []
     for v, d in zip(vals, dims):
         a = input_aval(v)

@@ -210,12 +210,6 @@ class Queue:
         inputs, outs = self.inputs, self.outs
         self.steps, self.inputs, self.outs, self.index = [], [], [], {}
         live = [r() for r in outs]
-
-        def arg(r):
-            if type(r) is int:
-                return inputs[-1 - r] if r < 0 else computed[r]
-            return r.value
-
         mask = tuple(p is not None for p in live)
         key = (tuple(steps), tuple(x.aval for x in inputs), mask)
         try:
@@ -227,22 +221,34 @@ class Queue:
             return
         # one step at a time (each primitive by its own program), dropping
         # each dead output after its last reader
-        last_read = {}
-        for j, (_, refs) in enumerate(steps):
-            for r in refs:
-                if type(r) is int and r >= 0:
-                    last_read[r] = j
-        done_at = {}
-        computed = []
-        for j, (step, refs) in enumerate(steps):
-            first = len(computed)
-            computed.extend(step.fn(*[arg(r) for r in refs]))
-            for r in range(first, len(computed)):
-                if live[r] is None:
-                    done_at.setdefault(last_read.get(r, j), []).append(r)
-            for r in done_at.pop(j, ()):
-                computed[r] = None
-        _assign(live, computed)
+        _assign(live, _run_steps(steps, inputs, live))
+
+
+def _run_steps(steps, inputs, live):
+    """The queued steps run one at a time: every output, None for those
+    dropped after their last reader."""
+    last_read = {}
+    for j, (_, refs) in enumerate(steps):
+        for r in refs:
+            if type(r) is int and r >= 0:
+                last_read[r] = j
+    done_at = {}
+    computed = []
+
+    def arg(r):
+        if type(r) is int:
+            return inputs[-1 - r] if r < 0 else computed[r]
+        return r.value
+
+    for j, (step, refs) in enumerate(steps):
+        first = len(computed)
+        computed.extend(step.fn(*[arg(r) for r in refs]))
+        for r in range(first, len(computed)):
+            if live[r] is None:
+                done_at.setdefault(last_read.get(r, j), []).append(r)
+        for r in done_at.pop(j, ()):
+            computed[r] = None
+    return computed
 
 
 def _assign(pendings, vals):

@@ -316,6 +316,10 @@ def _build_fused(prim, params, primals, differentiated):
     """Stages the step; compiles nothing: a step only runs inside a queue's
     program (NOTE [deferred eager steps]), or primitive by primitive until
     that program is compiled."""
+    from .batching import names_live_axes
+
+    if names_live_axes(prim, params):
+        return None, None
     try:
         split = jvp_graph(one_equation_graph(prim, params, [input_aval(p) for p in primals]),
                           differentiated)
