@@ -315,6 +315,12 @@ def _submit(compile_fn):
     return future
 
 
+def submit(fn):
+    """Run `fn()` on the compile thread (NOTE [bounded caches]); returns its
+    Future."""
+    return _submit(fn)
+
+
 _queued = set()  # futures not yet done
 
 

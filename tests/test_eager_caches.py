@@ -277,3 +277,50 @@ def test_a_new_batch_size_compiles_a_few_programs_not_one_per_step():
     assert compiles[1] == compiles[2] and 1 <= compiles[2] <= 4, compiles
     for name in ("batched steps", "fused steps"):
         assert caches.cache_info()[name]["bytes"] == 0, f"{name} hold compiled programs"
+
+
+def test_a_staged_backward_pass_is_batched_off_the_calling_thread():
+    """NOTE [staged backward passes]: the first call that uses a staged
+    backward pass inside vmap batches its graph, which folds the graph's
+    constants (relu's zero, broadcast to the batch) through per-primitive
+    programs: that used to compile on the calling thread at call 3 or later
+    (a call slower than the one before). It is staged on the compile thread
+    while that call's backward runs equation by equation."""
+    import logging
+    import threading
+
+    def loss(w, x, y):
+        h = x @ w
+        return fnp.sum((fnp.where(h > 0, h, 0.0) - y) ** 2)
+
+    def loss_jax(w, x, y):
+        h = x @ w
+        return jnp.sum((jnp.where(h > 0, h, 0.0) - y) ** 2)
+
+    per_sample = fx.vmap(fx.grad(loss), in_dims=(None, 0, 0))
+    w, xs, ys = W[:, :3], X[:, None] * jnp.ones((5, 4)), jnp.zeros((5, 3))
+    want = jax.vmap(jax.grad(loss_jax), in_axes=(None, 0, 0))(w, xs, ys)
+    main = threading.main_thread()
+    compiled_here = []
+
+    class Listen(logging.Handler):
+        def emit(self, record):
+            if threading.current_thread() is main:
+                compiled_here.append(record.getMessage())
+
+    handler = Listen()
+    was = fx.config.read("log_compiles")
+    for call in range(6):
+        if call == 2:  # what the first calls compile is not the question
+            logging.getLogger("functx").addHandler(handler)
+            fx.config.update("log_compiles", True)
+        try:
+            out = per_sample(w, xs, ys)
+        finally:
+            if call == 5:
+                fx.config.update("log_compiles", was)
+                logging.getLogger("functx").removeHandler(handler)
+        np.testing.assert_allclose(out, want, rtol=1e-12)
+        caches.wait_for_compiles()
+    assert caches.cache_info()["staged backward passes"]["entries"] >= 1
+    assert not compiled_here, compiled_here

@@ -448,7 +448,11 @@ def _compile_backward(graph, consts, cts):
 # `functx.jit` or `make_graph` the transposed equations stay visible in the
 # staged program, e.g. to NOTE [ghost norms]); never with tape hooks, an
 # anomaly check or an effectful primitive on the tape (they see each
-# equation).
+# equation). The graphs the enclosing interpreters derive from it (batched,
+# differentiated) are staged on the compile thread the first time, while
+# that call transposes equation by equation (`_derived` in
+# primitives/call.py): staging them folds constants through per-primitive
+# programs, which would compile on the calling thread in a later call.
 
 # tape structure -> (transposed graph, which inputs get a cotangent)
 _staged = RepeatCache("staged backward passes", after=1, limit=1024,
@@ -466,11 +470,11 @@ def _all_eager():
     return True
 
 
-_jit_call = None
+_call_module = None
 
 
 def _staged_backward(graph, consts, cts, sig, index):
-    global _jit_call
+    global _call_module
     if _core.eager_hook is not None or not _all_eager():
         return None
     const_avals = [input_aval(c) for c in consts]
@@ -484,12 +488,21 @@ def _staged_backward(graph, consts, cts, sig, index):
     if staged is None:
         return None
     transposed, in_nonzero = staged
-    if _jit_call is None:
-        from ..primitives.call import EAGER_BACKWARD, jit_call
+    if _call_module is None:
+        from ..primitives import call
 
-        _jit_call = (jit_call, EAGER_BACKWARD)
-    outs = iter(_core.bind(_jit_call[0], *consts, *cts, graph=transposed, name=_jit_call[1])
-                if any(in_nonzero) else ())
+        _call_module = call
+    if not any(in_nonzero):
+        outs = iter(())
+    else:
+        was = _call_module.binding_backward(True)
+        try:
+            outs = iter(_core.bind(_call_module.jit_call, *consts, *cts, graph=transposed,
+                                   name=_call_module.EAGER_BACKWARD))
+        except _call_module.DerivedGraphNotReady:  # staged on the compile thread meanwhile
+            return None
+        finally:
+            _call_module.binding_backward(was)
     return [next(outs) if nz else Zero(v.aval) for v, nz in zip(graph.inputs, in_nonzero)]
 
 

@@ -8,9 +8,12 @@ its transpose, its batched version), cached on the graph, and binds
 one `jax.jit`-compiled program, compiled once per graph.
 """
 
+import threading
+
 import numpy as np
 
-from ..interpreters.batching import batch_graph
+from .. import caches
+from ..interpreters.batching import _rule_context, batch_graph
 from ..interpreters.eval import compiled, defimpl
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import transpose_graph
@@ -39,6 +42,48 @@ jit_call = defprim("jit_call", multiple_results=True, cls=GraphCallPrimitive)
 EAGER_BACKWARD = "eager backward"
 
 
+# The graphs the enclosing transforms derive from an eager backward pass
+# (its batched and differentiated forms) are staged on the compile thread
+# the first time, while the call that met them transposes its tape equation
+# by equation: staging folds the graph's constants (a broadcast zero of a
+# select's transpose, batched to a new batch size) through per-primitive
+# programs, which would otherwise compile on the calling thread, in a call
+# after the first ones -- a call slower than the one before it.
+
+
+class DerivedGraphNotReady(Exception):
+    """Raised through the enclosing interpreters to the `_staged_backward`
+    that bound the pass (interpreters/reverse.py), which then runs the
+    backward pass equation by equation."""
+
+
+_binding = threading.local()  # .on: inside a staged backward pass's bind on this thread
+
+
+def binding_backward(on):
+    """Mark this thread as binding a staged backward pass (or not); returns
+    the previous mark."""
+    was = getattr(_binding, "on", False)
+    _binding.on = on
+    return was
+
+
+def _derived(graph, name, tag, build):
+    """`build()` (a graph transform that caches its result on `graph`);
+    for an eager backward pass bound on the calling thread, the first time,
+    `build` is handed to the compile thread and DerivedGraphNotReady
+    raised. A build that failed there is never tried on the calling
+    thread: its backward passes stay equation by equation."""
+    if EAGER_BACKWARD not in name or not caches.BACKGROUND or not getattr(_binding, "on", False):
+        return build()
+    future = graph.cache.get(tag)
+    if future is None:
+        future = graph.cache[tag] = caches.submit(build)
+    if not future.done() or future.exception() is not None:
+        raise DerivedGraphNotReady
+    return future.result()
+
+
 def _impl(*args, graph, name):
     if EAGER_BACKWARD in name:
         return eval_graph(graph, args)
@@ -54,7 +99,7 @@ def _jvp(primals, tangents, *, graph, name):
     if not any(nonzero):
         outs = bind(jit_call, *primals, graph=graph, name=name)
         return outs, [Zero.of(o) for o in outs]
-    split = jvp_graph(graph, nonzero)
+    split = _derived(graph, name, ("staging jvp", nonzero), lambda: jvp_graph(graph, nonzero))
     results = bind(jit_call, *primals, graph=split.primal, name=name)
     outs = results[:split.n_out]
     out_tangents = iter(())
@@ -102,10 +147,16 @@ def graph_batch_rule(prim):
     on the batched graph."""
 
     def rule(axis_size, vals, dims, *, graph, name):
-        batched, out_dims = batch_graph(graph, axis_size, tuple(dims))
+        batched, out_dims = _batched(graph, name, axis_size, tuple(dims), None)
         return bind(prim, *vals, graph=batched, name=f"vmap({name})"), list(out_dims)
 
     return rule
+
+
+def _batched(graph, name, axis_size, dims, bases):
+    axis = _rule_context.axis  # NOTE [named axes]; read on the calling thread
+    return _derived(graph, name, ("staging vmap", axis_size, dims, bases, axis),
+                    lambda: batch_graph(graph, axis_size, dims, bases, axis=axis))
 
 
 def graph_basis_rule(prim):
@@ -118,7 +169,7 @@ def graph_basis_rule(prim):
         if not all(b is None or isinstance(b, (int, np.integer)) for b in bases):
             return None
         bases = tuple(None if b is None else int(b) for b in bases)
-        batched, out_dims = batch_graph(graph, axis_size, tuple(dims), bases)
+        batched, out_dims = _batched(graph, name, axis_size, tuple(dims), bases)
         outs = bind(prim, *vals, graph=batched, name=f"vmap({name})")
         return outs, list(out_dims), [None] * len(outs)
 
