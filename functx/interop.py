@@ -23,6 +23,10 @@ one:
   control flow on concrete values, the vmap error naming the line) hold.
 * `jax.jit` called outside any JAX trace runs its compiled program without
   binding: there the hook replays the traced jaxpr instead.
+* A JAX transform running inside a functx transform (`jax.vmap` of a
+  `jax.nn.relu` under `functx.grad`) hands a custom_jvp / custom_vjp call to
+  its parent trace with `bind_with_trace`, not `bind`: that is hooked too,
+  so the custom rule reaches the functx transforms below.
 * A bind without functx values costs one scan of its operands for functx
   tracers before JAX's own bind.
 
@@ -181,6 +185,53 @@ def _stage_and_replay(prim, args, params):
     closed = jax.make_jaxpr(one_bind)(*[_shaped(a) for a in dynamic])
     outs = Program(closed)(dynamic)
     return outs if prim.multiple_results else outs[0]
+
+
+def _custom_call_on_functx_values(bind_with_trace):
+    def hook(self, trace, args, *rest):
+        positions = [i for i, a in enumerate(args)
+                     if type(a) in TRACER_TYPES and a._interp.jax_trace is trace]
+        if not positions:
+            return bind_with_trace(self, trace, args, *rest)
+        for i in positions:
+            check_usable(args[i])  # NOTE [escaped tracers]
+        dynamic = [args[i] for i in positions]
+
+        def one_bind(*xs):
+            full = list(args)
+            for i, x in zip(positions, xs):
+                full[i] = x
+            return list(bind_with_trace(self, jcore.trace_ctx.trace, full, *rest))
+
+        fun, *rules = rest[-1].get("subfuns", (None,))
+        closed = jax.make_jaxpr(one_bind)(*[_shaped(a) for a in dynamic])
+        rules_before = [_filled(r) for r in rules]
+        outs = Program(closed)(dynamic)
+        if fun is not None and [_filled(r) for r in rules] != rules_before:
+            # The functx transforms took the outputs from the rule (jvp,
+            # fwd), as JAX's own would: what the JAX transforms around the
+            # call read of its output layout must come from the rule too
+            # (they require exactly one of the two to have run).
+            for store in _stores(fun):
+                store.reset()
+        return outs
+
+    hook.__wrapped__ = bind_with_trace
+    return hook
+
+
+def _stores(wrapped):
+    """The auxiliary-output stores of a JAX WrappedFun."""
+    out = []
+    for s in getattr(wrapped, "stores", ()) or ():
+        s = getattr(s, "_store", s)  # an EqualStore wraps a Store
+        if s is not None and hasattr(s, "reset"):
+            out.append(s)
+    return out
+
+
+def _filled(wrapped):
+    return [bool(s) for s in _stores(wrapped)]
 
 
 def _shaped(x):
@@ -418,6 +469,17 @@ def install():
 
     for cls in (custom_derivatives.custom_jvp, custom_derivatives.custom_vjp):
         cls.__call__ = _lift_on_functx_values(cls.__call__, method=True)
+
+    # A JAX transform that processes a custom_jvp / custom_vjp call (jax.vmap's
+    # batch trace, jax.jit's tracing) binds the primitive again on its parent
+    # trace with `bind_with_trace`, past the bind hook: on functx values its
+    # parent (an eval trace) would run the primal function alone, and the
+    # custom rule would be lost to the functx transforms around it (a
+    # silently wrong derivative: relu's at 0 through `jax.vmap`). There the
+    # call is staged whole and replayed, as a direct bind is.
+    for cls in (custom_derivatives.CustomJVPCallPrimitive,
+                custom_derivatives.CustomVJPCallPrimitive):
+        cls.bind_with_trace = _custom_call_on_functx_values(cls.bind_with_trace)
 
     # So does a jax.shard_map function (NOTE [shard_map on functx values]).
     try:
