@@ -45,7 +45,7 @@ from .core import (
     FROM_JAX, TRACER_TYPES, ImperativeValue, Tracer, bind, check_usable, jax_misuse_error,
 )
 from .errors import equinox_batch_error
-from .lifting import _INLINE_PARAM, LIFT_RULES, Macro, Program
+from .lifting import _AS_CALL, _INLINE_PARAM, LIFT_RULES, Macro, Program
 
 # --------------------------------------------------------------------------
 # Translation of one JAX bind
@@ -111,8 +111,12 @@ def bind_jax(prim, args, params):
 # or a JAX trace the equations are inlined as before (the whole program is
 # compiled anyway, and inlined products keep the identity-basis shortcuts
 # of NOTE [identity bases] inside chunked loops). A jaxpr with a callback
-# is always inlined (NOTE [callbacks run when the program runs]).
-_AS_CALL = ("jit", "pjit")
+# is always inlined (NOTE [callbacks run when the program runs]). The same
+# holds for a `jit` equation inside a jaxpr that lifting replays (the
+# functx.numpy / functx.nn wrappers of jitted JAX functions such as
+# log_softmax, `functx.lift`): decided when it is replayed (`_JitCall` in
+# lifting.py), so eager code compiles one program per shape for it, as JAX
+# eager does, not one per equation.
 _CALL_GRAPHS = {}  # id(closed jaxpr) -> (closed jaxpr, Graph or None)
 _CALL_GRAPHS_LIMIT = 512
 

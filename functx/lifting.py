@@ -10,7 +10,9 @@ sees through it. The staged program is cached per argument structure,
 shapes, dtypes and static (non-array) arguments, so a second call with the
 same kinds of arguments costs only the replay.
 
-Replaying inlines `jit` / `closed_call` / `checkpoint` (remat) equations.
+Replaying inlines `closed_call` / `checkpoint` (remat) equations, and `jit`
+equations except where the transforms run eagerly: there each is one
+`jit_call` (NOTE [JAX's jit programs stay calls] in interop.py).
 Equations whose parameters hold sub-programs (control flow, custom
 derivative rules) are translated once, when the program is built, by the
 rule their primitive module registers in `LIFT_RULES`: it turns the JAX
@@ -162,6 +164,12 @@ class Program:
                     continue
                 if name in _INLINE_PARAM:
                     sub = _inlined_program(name, eqn.params)
+                    call = None
+                    if name in _AS_CALL and isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        # NOTE [JAX's jit programs stay calls], decided at
+                        # replay: this instruction, or the inlined ones after it
+                        call = len(self.instrs)
+                        self.instrs.append(None)
                     if isinstance(sub, jax.extend.core.ClosedJaxpr):
                         sub_jaxpr, sub_consts = sub.jaxpr, sub.consts
                     else:
@@ -169,6 +177,10 @@ class Program:
                     outs = flatten(sub_jaxpr, sub_consts, ins, eqn.invars)
                     for v, s in zip(eqn.outvars, outs, strict=True):
                         scope[v] = s
+                    if call is not None:
+                        inlined = len(self.instrs) - call - 1
+                        self.instrs[call] = (None, _JitCall(sub, eqn.params, inlined), ins, outs,
+                                             {})
                     continue
                 outs = [new_slot() for _ in eqn.outvars]
                 for v, s in zip(eqn.outvars, outs):
@@ -193,9 +205,19 @@ class Program:
         env = list(self.env0)
         for s, a in zip(self.inputs, args):
             env[s] = a
-        for fx, jp, ins, outs, params in self.instrs:
+        instrs = iter(self.instrs)
+        for fx, jp, ins, outs, params in instrs:
             vals = [env[i] for i in ins]
             if fx is None:
+                if type(jp) is _JitCall:
+                    out = jp.call(vals)
+                    if out is None:  # the inlined instructions follow
+                        continue
+                    for s, o in zip(outs, out, strict=True):
+                        env[s] = o
+                    for _ in range(jp.inlined):
+                        next(instrs)
+                    continue
                 out = _foreign(jp, vals, params)
                 multiple = jp.multiple_results
             else:
@@ -207,6 +229,35 @@ class Program:
             else:
                 env[outs[0]] = out
         return [env[s] for s in self.outputs]
+
+
+_AS_CALL = ("jit", "pjit")
+
+
+class _JitCall:
+    """A `jit` equation in a replayed jaxpr (NOTE [JAX's jit programs stay
+    calls] in interop.py): one functx `jit_call` of its graph when the
+    transforms run eagerly, else its equations, inlined after this
+    instruction (`inlined` of them)."""
+
+    __slots__ = ("closed", "name", "inlined", "callable")
+
+    def __init__(self, closed, params, inlined):
+        self.closed = closed
+        self.name = str(params.get("name", "jit"))
+        self.inlined = inlined
+        # a program closing over traced values (JAX's or functx's) is inlined
+        self.callable = not any(isinstance(c, (jcore.Tracer, Tracer)) for c in closed.consts)
+
+    def call(self, vals):
+        """The call's outputs, or None: run the inlined equations."""
+        from . import interop
+
+        if self.callable and interop._eager():
+            graph = interop._call_graph(self.closed)
+            if graph is not None:
+                return bind(interop._jit_call(), *vals, graph=graph, name=self.name)
+        return None
 
 
 class Macro:

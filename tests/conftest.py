@@ -67,6 +67,7 @@ SLOW_ELSEWHERE = (
     "tests/test_eager_caches.py::test_nested_transforms_and_jax_jit_around_cached_steps_equal_jax",
     "tests/test_eager_caches.py::test_repeated_vmaps_equal_jax_before_and_after_batched_steps_engage",
     "tests/test_eager_caches.py::test_a_staged_backward_pass_is_batched_off_the_calling_thread",
+    "tests/test_eager_caches.py::test_a_jitted_jax_function_through_functx_numpy_is_one_call_eagerly",
     "tests/test_staged_backward.py::test_staged_transpose_equals_jax_and_the_per_equation_path",
     "tests/test_staged_backward.py::test_staged_transpose_holds_no_value_of_a_call",
 )

@@ -324,3 +324,36 @@ def test_a_staged_backward_pass_is_batched_off_the_calling_thread():
         caches.wait_for_compiles()
     assert caches.cache_info()["staged backward passes"]["entries"] >= 1
     assert not compiled_here, compiled_here
+
+
+def test_a_jitted_jax_function_through_functx_numpy_is_one_call_eagerly():
+    """NOTE [JAX's jit programs stay calls] holds for functions lifted by
+    functx.numpy / functx.nn too (`fx.nn.log_softmax` is jax.nn's jitted
+    function): eagerly one jit_call, compiled as one program per shape, as
+    JAX eager compiles it; its equations used to be inlined, each compiled
+    per shape (twice JAX's memory per new batch size)."""
+    import logging
+
+    names = []
+
+    class Listen(logging.Handler):
+        def emit(self, record):
+            names.append(record.getMessage())
+
+    w = jnp.arange(1.0, 5.0)
+    f = fx.vmap(fx.grad(lambda x: (fx.nn.log_softmax(x) * w).sum()))
+    handler = Listen()
+    was = fx.config.read("log_compiles")
+    logging.getLogger("functx").addHandler(handler)
+    fx.config.update("log_compiles", True)
+    try:
+        xs = jnp.linspace(-1.0, 1.0, 7 * 4).reshape(7, 4)
+        out = f(xs)
+    finally:
+        fx.config.update("log_compiles", was)
+        logging.getLogger("functx").removeHandler(handler)
+    np.testing.assert_allclose(
+        out, jax.vmap(jax.grad(lambda x: (jax.nn.log_softmax(x) * w).sum()))(xs), rtol=1e-12)
+    inlined = [n for n in names if any(f"functx_eval_{p})" in n for p in ("exp", "log", "reduce_max"))]
+    assert not inlined, inlined
+    assert any("functx_graph" in n for n in names), names
