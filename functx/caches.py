@@ -32,6 +32,12 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   with the same rules, and tests compare their results bit for bit.
   `FUNCTX_BACKGROUND_COMPILE=0` compiles on the calling thread instead
   (the first cached call then waits for it).
+* **Stale work dropped.** A cache made with `stale_after` (the deferred
+  queue's programs) skips a pending build whose key no lookup has asked for
+  in its last `stale_after` lookups when the compile thread reaches it: while
+  the thread is behind, calls move past the queue structures of a warm-up as
+  steps land, and compiling those would keep it behind and keep programs no
+  call runs. A key met again is counted and submitted anew.
 """
 
 import collections
@@ -199,12 +205,19 @@ class RepeatCache(Cache):
     `build` must therefore not depend on the calling thread's state (the
     interpreter stack, grad mode): it stages from avals and parameters."""
 
-    def __init__(self, name, after, limit, byte_limit=None, count_limit=4096, doc=""):
+    def __init__(self, name, after, limit, byte_limit=None, count_limit=4096, stale_after=None,
+                 doc=""):
         super().__init__(name, limit, byte_limit, doc=doc)
         self.after = after
         self.counts = collections.OrderedDict()  # key -> times seen (LRU)
         self.count_limit = count_limit
         self.pending = {}  # key -> Future of (value, bytes)
+        # Dropping stale work: a pending build whose key has not been asked
+        # for in the last `stale_after` lookups of this cache when the
+        # compile thread reaches it is not built (see `_STALE`).
+        self.stale_after = stale_after
+        self.tick = 0  # lookups that found no value
+        self.asked = {}  # pending key -> tick of its latest lookup
 
     def get(self, key, build):
         """The built value for `key`, or None; raises TypeError when the
@@ -216,9 +229,12 @@ class RepeatCache(Cache):
             except KeyError:
                 pass
             return value
+        self.tick += 1
         if self.pending:
             waiting = self.pending.get(key)
             if waiting is not None:
+                if self.stale_after is not None:
+                    self.asked[key] = self.tick
                 return self._finish(key, waiting)
         counts = self.counts
         seen = counts.get(key, 0)
@@ -235,17 +251,31 @@ class RepeatCache(Cache):
             self.put(key, value, 0 if value is None or compile_fn is None
                      else _compiled_size(compile_fn))
             return value
-        self.pending[weak_key_part(key)] = _submit(lambda: _build_and_compile(build))
+        stored = weak_key_part(key)
+        if self.stale_after is None:
+            job = lambda: _build_and_compile(build)  # noqa: E731
+        else:
+            self.asked[stored] = self.tick
+
+            def job():
+                if self.tick - self.asked.get(stored, self.tick) > self.stale_after:
+                    return _STALE
+                return _build_and_compile(build)
+        self.pending[stored] = _submit(job)
         return None
 
     def _finish(self, key, future):
         if not future.done():
             return None
         self.pending.pop(key, None)
+        self.asked.pop(key, None)
         try:
-            value, nbytes = future.result()
+            result = future.result()
         except Exception:  # noqa: BLE001 - it did not build: stay uncached
-            value, nbytes = None, 0
+            result = None, 0
+        if result is _STALE:  # counted again from the start if it comes back
+            return None
+        value, nbytes = result
         self.put(key, value, nbytes)
         return value
 
@@ -253,12 +283,23 @@ class RepeatCache(Cache):
         super().clear()
         self.counts.clear()
         self.pending.clear()
+        self.asked.clear()
 
     def info(self):
         info = {**super().info(), "counted": len(self.counts), "pending": len(self.pending),
                 "after": self.after}
         del info["hits"], info["misses"]  # not counted on this hot path
         return info
+
+
+# A pending build found stale when the compile thread reached it. While the
+# thread is behind (warming up a workload whose calls force many flushes,
+# MAML's), the deferred queue's structures change call by call as steps land:
+# a structure met twice is submitted, and by the time its turn comes the
+# calls may have moved on to the structure the landed steps give. Compiling
+# those would keep the thread behind (each new structure is met twice while
+# it waits) and keep programs no call runs.
+_STALE = (None, 0)
 
 
 def _build_and_compile(build):

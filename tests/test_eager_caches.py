@@ -357,3 +357,35 @@ def test_a_jitted_jax_function_through_functx_numpy_is_one_call_eagerly():
     inlined = [n for n in names if any(f"functx_eval_{p})" in n for p in ("exp", "log", "reduce_max"))]
     assert not inlined, inlined
     assert any("functx_graph" in n for n in names), names
+
+
+def test_a_build_no_lookup_asked_for_lately_is_dropped_not_compiled():
+    """While the compile thread is behind, a pending build whose key no
+    lookup has asked for in the last `stale_after` lookups is dropped when
+    its turn comes (the deferred queue's structures of a warm-up that the
+    calls have moved past); a key met again later is built."""
+    import threading
+
+    if not caches.BACKGROUND:
+        return
+    built = []
+    cache = caches.RepeatCache("test stale builds", after=1, limit=8, stale_after=3)
+    gate = threading.Event()
+    try:
+        blocker = caches.submit(gate.wait)  # the compile thread is behind
+        for _ in range(2):  # the second sighting submits the build
+            assert cache.get("old", lambda: (built.append("old") or "v", None)) is None
+        for i in range(5):  # other lookups: "old" is not asked for again
+            cache.get(("other", i), lambda: ("w", None))
+        gate.set()
+        blocker.result()
+        caches.wait_for_compiles()
+        assert cache.get("old", lambda: ("v", None)) is None and built == []
+        assert cache.info()["pending"] == 0
+        for _ in range(2):  # met again: counted, submitted, built
+            cache.get("old", lambda: (built.append("old") or "v", None))
+        caches.wait_for_compiles()
+        assert cache.get("old", lambda: ("v", None)) == "v" and built == ["old"]
+    finally:
+        gate.set()
+        caches._REGISTRY.pop("test stale builds", None)

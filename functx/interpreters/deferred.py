@@ -258,7 +258,7 @@ def _assign(pendings, vals):
 
 
 # queue structure -> compiled program; NOTE [bounded caches]
-_programs = RepeatCache("deferred steps", after=1, limit=1024, byte_limit=384 << 20,
+_programs = RepeatCache("deferred steps", after=1, limit=1024, byte_limit=384 << 20, stale_after=64,
                         doc="eager transforms: one compiled program per run of queued steps "
                             "(NOTE [deferred eager steps])")
 
