@@ -231,6 +231,8 @@ class RepeatCache(Cache):
             return value
         self.tick += 1
         if self.pending:
+            if not self.tick & 63:
+                self._collect()
             waiting = self.pending.get(key)
             if waiting is not None:
                 if self.stale_after is not None:
@@ -259,10 +261,21 @@ class RepeatCache(Cache):
 
             def job():
                 if self.tick - self.asked.get(stored, self.tick) > self.stale_after:
+                    # not asked for again: nothing would ever collect it
+                    self.pending.pop(stored, None)
+                    self.asked.pop(stored, None)
                     return _STALE
                 return _build_and_compile(build)
         self.pending[stored] = _submit(job)
         return None
+
+    def _collect(self):
+        """Move every finished build into the cache (bounded like any entry),
+        also those whose key is not asked for again: a build's program is
+        never held outside the bounds."""
+        for key, future in list(self.pending.items()):
+            if future.done():
+                self._finish(key, future)
 
     def _finish(self, key, future):
         if not future.done():
