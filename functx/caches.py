@@ -26,6 +26,11 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   while it has work the interpreter's switch interval is shortened so the
   caller gets the GIL back quickly: `SWITCH_INTERVAL`; and it starts a job
   only while no call is in progress, or after waiting `MAX_WAIT`).
+  Builds that only stage (fused and batched steps, staged backward passes
+  and the graphs derived from them) run before XLA compilations (queue
+  programs, compiled backward passes): they change which programs the calls
+  need, so compiling first would spend the thread on programs of structures
+  the calls are about to leave.
   Until the program is ready the caller keeps taking the uncached path (the
   per-primitive programs, already compiled), so no call stalls on a
   compilation of repeated structure. Both paths run the same primitives
@@ -206,9 +211,11 @@ class RepeatCache(Cache):
     interpreter stack, grad mode): it stages from avals and parameters."""
 
     def __init__(self, name, after, limit, byte_limit=None, count_limit=4096, stale_after=None,
-                 doc=""):
+                 priority=None, doc=""):
         super().__init__(name, limit, byte_limit, doc=doc)
         self.after = after
+        # builds that compile a program wait for those that only stage
+        self.priority = COMPILING if priority is None else priority
         self.counts = collections.OrderedDict()  # key -> times seen (LRU)
         self.count_limit = count_limit
         self.pending = {}  # key -> Future of (value, bytes)
@@ -266,7 +273,7 @@ class RepeatCache(Cache):
                     self.asked.pop(stored, None)
                     return _STALE
                 return _build_and_compile(build)
-        self.pending[stored] = _submit(job)
+        self.pending[stored] = _submit(job, self.priority)
         return None
 
     def _collect(self):
@@ -344,43 +351,86 @@ _outstanding = 0
 _saved_interval = None
 
 
-def _submit(compile_fn):
+class _CompileThread:
+    """The one background thread: runs submitted jobs by priority (lower
+    first: the builds that only stage, which change what the calls run,
+    before XLA compilations of programs), then in order of submission. At
+    interpreter exit the jobs not started are cancelled and the thread ends
+    after the one it is running."""
+
+    def __init__(self):
+        import concurrent.futures
+        import heapq
+        import itertools
+
+        self._future = concurrent.futures.Future
+        self._push, self._pop = heapq.heappush, heapq.heappop
+        self._order = itertools.count()
+        self._heap = []
+        self._cv = threading.Condition()
+        self._stopped = False
+        register = getattr(threading, "_register_atexit", None)
+        self._thread = threading.Thread(target=self._run, name="functx-compile",
+                                        daemon=register is None)
+        self._thread.start()
+        if register is not None:  # before the interpreter joins the thread
+            register(self._stop)
+
+    def submit(self, fn, priority):
+        future = self._future()
+        with self._cv:
+            self._push(self._heap, (priority, next(self._order), future, fn))
+            self._cv.notify()
+        return future
+
+    def _stop(self):
+        with self._cv:
+            self._stopped = True
+            for _, _, future, _ in self._heap:
+                future.cancel()
+            self._heap.clear()
+            self._cv.notify()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._heap and not self._stopped:
+                    self._cv.wait()
+                if self._stopped:
+                    return
+                _, _, future, fn = self._pop(self._heap)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+
+# Priorities of the compile thread's jobs.
+STAGING, COMPILING, LAST = 0, 1, 2
+
+
+def _submit(compile_fn, priority=COMPILING):
     global _executor, _outstanding, _saved_interval
     if _executor is None:
         with _executor_lock:
             if _executor is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="functx-compile")
-                # At exit, drop the compilations still queued (the process
-                # would otherwise wait for all of them): run before the
-                # executor's own exit hook, which joins its thread.
-                register = getattr(threading, "_register_atexit", None)
-                if register is not None:
-                    register(_drop_queued)
+                _executor = _CompileThread()
     with _executor_lock:
         _outstanding += 1
         if _saved_interval is None and sys.getswitchinterval() > SWITCH_INTERVAL:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL)
-    future = _executor.submit(_counted, compile_fn)
-    _queued.add(future)
-    future.add_done_callback(_queued.discard)
-    return future
+    return _executor.submit(lambda: _counted(compile_fn), priority)
 
 
-def submit(fn):
+def submit(fn, priority=STAGING):
     """Run `fn()` on the compile thread (NOTE [bounded caches]); returns its
     Future."""
-    return _submit(fn)
-
-
-_queued = set()  # futures not yet done
-
-
-def _drop_queued():
-    for future in list(_queued):
-        future.cancel()  # only those not started; a running compile finishes
+    return _submit(fn, priority)
 
 
 # The compile thread starts a job only when no other thread is inside a
@@ -416,7 +466,7 @@ def wait_for_compiles():
     """Block until the background compilations submitted so far are done
     (for tests and benchmarks that want the steady state at once)."""
     if _executor is not None:
-        _executor.submit(lambda: None).result()
+        _executor.submit(lambda: None, LAST).result()
 
 
 # Host memory one small compiled program holds beyond its generated code

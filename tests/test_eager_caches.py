@@ -110,16 +110,16 @@ class _HeldExecutor:
     def __init__(self):
         self.jobs = []
 
-    def submit(self, fn, *args):
+    def submit(self, fn, priority):
         from concurrent.futures import Future
 
         future = Future()
-        self.jobs.append((fn, args, future))
+        self.jobs.append((priority, len(self.jobs), fn, future))
         return future
 
     def release(self):
-        for fn, args, future in self.jobs:
-            future.set_result(fn(*args))
+        for _, _, fn, future in sorted(self.jobs, key=lambda job: job[:2]):
+            future.set_result(fn())
         self.jobs.clear()
 
 
@@ -409,3 +409,23 @@ def test_finished_builds_never_asked_for_again_are_bounded_by_the_cache():
         assert info["pending"] <= 1 and info["entries"] <= 2, info
     finally:
         caches._REGISTRY.pop("test collected builds", None)
+
+
+def test_the_compile_thread_stages_before_it_compiles():
+    """Builds that only stage (steps, staged backward passes) run before XLA
+    compilations submitted earlier: they change which programs the calls
+    need (NOTE [bounded caches])."""
+    import threading
+
+    if not caches.BACKGROUND:
+        return
+    order = []
+    gate = threading.Event()
+    blocker = caches.submit(gate.wait)
+    try:
+        compiling = caches._submit(lambda: order.append("compile"), caches.COMPILING)
+        staging = caches.submit(lambda: order.append("stage"), caches.STAGING)
+    finally:
+        gate.set()
+    blocker.result(), compiling.result(), staging.result()
+    assert order == ["stage", "compile"]

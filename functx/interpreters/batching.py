@@ -52,7 +52,7 @@ from ..core import (
 )
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
-from ..caches import RepeatCache
+from ..caches import STAGING, RepeatCache
 from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
 from .staging import eval_graph, one_equation_graph, stage
 
@@ -303,7 +303,7 @@ class BatchedStep:
 
 
 # (prim, params, avals, dims, size) -> BatchedStep; NOTE [bounded caches]
-_steps = RepeatCache("batched steps", after=1, limit=4096,
+_steps = RepeatCache("batched steps", after=1, limit=4096, priority=STAGING,
                      doc="eager vmap: one staged batched graph per primitive (compiled as "
                          "part of the deferred queue's program)")
 

@@ -52,7 +52,7 @@ from ..core import TRACER_TYPES, Zero, aval_of, bind, check_tree_usable, check_u
 from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
-from ..caches import RepeatCache
+from ..caches import STAGING, RepeatCache
 from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
 from .eval import compile_ahead
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
@@ -297,7 +297,7 @@ class FusedStep:
 
 
 # (prim, params, avals, differentiated) -> FusedStep; NOTE [bounded caches]
-_fused = RepeatCache("fused steps", after=1, limit=4096,
+_fused = RepeatCache("fused steps", after=1, limit=4096, priority=STAGING,
                      doc="eager reverse mode: one staged primal+residuals graph per primitive "
                          "(compiled as part of the deferred queue's program)")
 
@@ -455,7 +455,7 @@ def _compile_backward(graph, consts, cts):
 # programs, which would compile on the calling thread in a later call.
 
 # tape structure -> (transposed graph, which inputs get a cotangent)
-_staged = RepeatCache("staged backward passes", after=1, limit=1024,
+_staged = RepeatCache("staged backward passes", after=1, limit=1024, priority=STAGING,
                       doc="eager reverse mode inside other eager transforms: one staged "
                           "transpose per tape structure (NOTE [staged backward passes])")
 
