@@ -114,18 +114,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _host_name_resolves():
-    try:
-        socket.gethostbyname(socket.gethostname())
-        return True
-    except OSError:
-        return False
-
-
 @pytest.mark.slow  # two processes, each compiling the step
-@pytest.mark.skipif(not _host_name_resolves(),
-                    reason="gloo's TCP transport needs this machine's host name to resolve "
-                           "(/etc/hosts)")
 def test_data_parallel_step_across_two_processes():
     import two_process_step as tps
 

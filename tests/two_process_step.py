@@ -43,11 +43,26 @@ def dp_sgd_step(params, xs, ys):
     return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, mean)
 
 
+def _gloo_on_loopback():
+    """gloo's TCP transport binds the address its host name resolves to; a
+    machine (or chroot) whose /etc/hosts lacks its own name cannot resolve
+    it. Both processes run on this machine, so gloo binds 127.0.0.1: JAX has
+    no public switch for that, so the factory its CPU backend calls (which
+    takes a host name) is wrapped before the backend is created."""
+    import functools
+
+    from jax._src import xla_bridge
+
+    make = xla_bridge._jax.make_gloo_tcp_collectives
+    xla_bridge._jax.make_gloo_tcp_collectives = functools.partial(make, hostname="127.0.0.1")
+
+
 def main(process_id, num_processes, port):
     import jax
 
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    _gloo_on_loopback()
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                                num_processes=num_processes, process_id=process_id,
                                initialization_timeout=60)
