@@ -688,6 +688,34 @@ def test_jacrev_of_an_integer_output_raises_as_jax_and_torch_do():
     close(got, want)
 
 
+@pytest.mark.slow
+def test_jvp_of_an_integer_output_gives_zeros_of_its_dtype_as_torch_does():
+    """torch.func.jvp/linearize give an integer or bool output a zero
+    tangent of its own dtype; functx's interface follows torch there (JAX
+    gives float0, an array with no data, which no torch user expects)."""
+    torch = pytest.importorskip("torch")
+
+    def f(x):
+        return (x * 2).astype(jnp.int32), x > 0, x * 3
+
+    def tf(t):
+        return (t * 2).to(torch.int32), t > 0, t * 3
+
+    xt = torch.tensor(np.asarray(X))
+    tt = torch.ones_like(xt)
+    for got, want in [(fx.jvp(f, (X,), (jnp.ones_like(X),)), torch.func.jvp(tf, (xt,), (tt,))),
+                      ((f(X), fx.linearize(f, X)[1](jnp.ones_like(X))),
+                       (tf(xt), torch.func.linearize(tf, xt)[1](tt)))]:
+        (_, _, _), (ti, tb, tr) = got
+        (_, _, _), (wi, wb, wr) = want
+        assert ti.dtype == jnp.int32 and wi.dtype == torch.int32
+        assert tb.dtype == jnp.bool_ and wb.dtype == torch.bool
+        np.testing.assert_array_equal(np.asarray(ti), wi.numpy())
+        np.testing.assert_array_equal(np.asarray(tb), wb.numpy())
+        close(tr, jnp.asarray(wr.numpy()))
+    assert jax.jvp(f, (X,), (jnp.ones_like(X),))[1][0].dtype == jax.dtypes.float0
+
+
 def _weak(tree):
     """(dtype, weak_type) per array leaf; None for the Python scalars JAX
     returns unconverted (functx returns arrays there)."""
