@@ -559,10 +559,11 @@ class custom_jvp(_CustomBase):
     `jax.custom_jvp`, for functx transforms).
 
     Args:
-      fun: the function; its derivative is never taken through its body.
-      nondiff_argnums: positions of arguments that are not differentiated
-        (they are passed to the rule first: `jvp(*nondiff, primals,
-        tangents)`).
+      fun (Callable): the function; its derivative is never taken through its
+        body.
+      nondiff_argnums (tuple[int, ...]): positions of arguments that are not
+        differentiated (they are passed to the rule first: `jvp(*nondiff,
+        primals, tangents)`).
 
     Define the rule with `@f.defjvp` (`rule(primals, tangents) ->
     (primal_out, tangent_out)`, the tangent linear in `tangents`) or with
@@ -650,9 +651,11 @@ class custom_vjp(_CustomBase):
     `jax.custom_vjp`, for functx transforms).
 
     Args:
-      fun: the function; its derivative is never taken through its body.
-      nondiff_argnums: positions of arguments that are not differentiated
-        (passed to `fwd` in place, to `bwd` first: `bwd(*nondiff, res, ct)`).
+      fun (Callable): the function; its derivative is never taken through its
+        body.
+      nondiff_argnums (tuple[int, ...]): positions of arguments that are not
+        differentiated (passed to `fwd` in place, to `bwd` first: `bwd(*nondiff,
+        res, ct)`).
 
     Define the rules with `f.defvjp(fwd, bwd)`: `fwd(*args) -> (out,
     residuals)`, `bwd(residuals, ct_out) -> tuple with one cotangent per

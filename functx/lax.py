@@ -749,13 +749,16 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
     arrays it closes over are read anew on every call.
 
     Args:
-      pred: a boolean (or number, compared with 0) scalar.
-      true_fun, false_fun: callables of `*operands` returning pytrees of
-        the same structure, shapes and dtypes.
-      *operands: pytrees of arrays passed to the chosen branch.
+      pred (bool | int | float | jax.Array): a boolean (or number, compared with
+        0) scalar.
+      true_fun (Callable): a callable of `*operands` returning a pytree of
+        the same structure, shapes and dtypes as `false_fun`'s.
+      false_fun (Callable): a callable of `*operands` returning a pytree of
+        the same structure, shapes and dtypes as `true_fun`'s.
+      *operands (Any): pytrees of arrays passed to the chosen branch.
 
     Returns:
-      The chosen branch's result.
+      Any: The chosen branch's result.
 
     Example:
       >>> fnp = functx.numpy
@@ -789,13 +792,13 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
     operand shapes.
 
     Args:
-      index: an integer scalar.
-      branches: a sequence of callables of `*operands` returning pytrees of
-        the same structure, shapes and dtypes.
-      *operands: pytrees of arrays passed to the chosen branch.
+      index (int | jax.Array): an integer scalar.
+      branches (Sequence[Callable]): a sequence of callables of `*operands`
+        returning pytrees of the same structure, shapes and dtypes.
+      *operands (Any): pytrees of arrays passed to the chosen branch.
 
     Returns:
-      The chosen branch's result.
+      Any: The chosen branch's result.
 
     Example:
       >>> fnp = functx.numpy
@@ -891,18 +894,21 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
     call; a new Python number in its closure stages it again.
 
     Args:
-      f: `(carry, x) -> (carry, y)`; the carry keeps its structure, shapes
-        and dtypes (a Python-number initial value takes `f`'s dtype).
-      init: the initial carry (a pytree of arrays).
-      xs: a pytree of arrays scanned along their leading axis, or None.
-      length: the number of iterations when `xs` is None.
-      reverse: iterate from the last slice to the first.
-      unroll: iterations per loop step of the compiled loop (int or bool).
+      f (Callable): `(carry, x) -> (carry, y)`; the carry keeps its structure,
+        shapes and dtypes (a Python-number initial value takes `f`'s dtype).
+      init (Any): the initial carry (a pytree of arrays).
+      xs (Any): a pytree of arrays scanned along their leading axis, or None.
+      length (int | None): the number of iterations when `xs` is None.
+      reverse (bool): iterate from the last slice to the first.
+      unroll (int | bool): iterations per loop step of the compiled loop (int or
+        bool).
 
     Returns:
-      `(final carry, stacked ys)`.
+      tuple: `(final carry, stacked ys)`.
 
-    Example (the gradient through a small RNN):
+    Examples:
+      The gradient through a small RNN:
+
       >>> def loss(w, xs):
       ...     h, _ = functx.lax.scan(lambda h, x: (functx.numpy.tanh(w @ h + x), None),
       ...                            jnp.zeros(3), xs)
@@ -998,13 +1004,15 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     per code, closure and value shapes, as for `scan`.
 
     Args:
-      lower, upper: integer bounds (upper exclusive).
-      body_fun: `(i, val) -> val`, keeping `val`'s structure, shapes and dtypes.
-      init_val: the initial value (a pytree of arrays).
-      unroll: as for `scan`; static bounds only.
+      lower (int | jax.Array): the integer lower bound (inclusive).
+      upper (int | jax.Array): the integer upper bound (exclusive).
+      body_fun (Callable): `(i, val) -> val`, keeping `val`'s structure, shapes
+        and dtypes.
+      init_val (Any): the initial value (a pytree of arrays).
+      unroll (int | bool | None): as for `scan`; static bounds only.
 
     Returns:
-      The final value.
+      Any: The final value.
 
     Example:
       >>> functx.grad(lambda x: functx.lax.fori_loop(0, 3, lambda i, v: v * x, 1.0))(2.0)
@@ -1051,12 +1059,12 @@ def map(f, xs, *, batch_size=None):
     is staged once per code, closure and slice shapes, as for `scan`.
 
     Args:
-      f: a function of one slice (a pytree) of `xs`.
-      xs: a pytree of arrays with a common leading axis.
-      batch_size: slices per step (0: all at once, a plain vmap).
+      f (Callable): a function of one slice (a pytree) of `xs`.
+      xs (Any): a pytree of arrays with a common leading axis.
+      batch_size (int | None): slices per step (0: all at once, a plain vmap).
 
     Returns:
-      The stacked results of `f`.
+      Any: The stacked results of `f`.
 
     Example:
       >>> functx.lax.map(lambda x: x ** 2, jnp.arange(4.0), batch_size=3)
@@ -1102,12 +1110,13 @@ def while_loop(cond_fun, body_fun, init_val):
     loop compiled once, as for `scan`.
 
     Args:
-      cond_fun: `val -> boolean scalar`.
-      body_fun: `val -> val`, keeping `val`'s structure, shapes and dtypes.
-      init_val: the initial value (a pytree of arrays).
+      cond_fun (Callable): `val -> boolean scalar`.
+      body_fun (Callable): `val -> val`, keeping `val`'s structure, shapes and
+        dtypes.
+      init_val (Any): the initial value (a pytree of arrays).
 
     Returns:
-      The value for which `cond_fun` first returned False.
+      Any: The value for which `cond_fun` first returned False.
 
     Example:
       >>> functx.jvp(lambda x: functx.lax.while_loop(lambda v: v < 10, lambda v: v * x, 1.0),

@@ -443,13 +443,14 @@ def lift(fn):
     """Make a JAX function callable on functx values.
 
     Args:
-      fn: any function written with JAX (jax.numpy, jax.nn, jax.lax, an
-        Equinox module, an optax loss, ...). Arrays inside `fn` itself (an
+      fn (Callable): any function written with JAX (jax.numpy, jax.nn, jax.lax,
+        an Equinox module, an optax loss, ...). Arrays inside `fn` itself (an
         Equinox module's weights) are treated as inputs too.
 
     Returns:
-      A function with `fn`'s signature that accepts functx values as well as
-      arrays. Without functx values among its arguments it just calls `fn`.
+      Callable: A function with `fn`'s signature that accepts functx values as
+      well as arrays. Without functx values among its arguments it just calls
+      `fn`.
 
     Example:
       >>> import jax, functx

@@ -290,13 +290,14 @@ def memory_report(f, argnums=None):
     primitive and the user source line that created it.
 
     Args:
-      f: any function of arrays (it may apply transforms, e.g.
+      f (Callable): any function of arrays (it may apply transforms, e.g.
         `memory_report(grad(loss))` estimates a whole gradient step).
-      argnums: the arguments reverse mode would differentiate for
-        `residuals` (an int or tuple); default: every floating-point input.
+      argnums (int | tuple[int, ...] | None): the arguments reverse mode would
+        differentiate for `residuals` (an int or tuple); default: every
+        floating-point input.
 
     Returns:
-      A function taking f's arguments and returning a `MemoryReport`
+      Callable: A function taking f's arguments and returning a `MemoryReport`
       (`peak_bytes`, `residuals`, `residual_bytes`, `at_peak`; `print` it for
       a table).
 

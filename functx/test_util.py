@@ -130,15 +130,17 @@ def check_grads(f, args, order=2, modes=("fwd", "rev"), atol=None, rtol=None, ep
     """Check derivatives of `f` at `args` up to `order` in the given modes.
 
     Args:
-      f: a function of arrays, written with functx.numpy (or lifted).
-      args: a tuple of floating-point arrays (pytrees allowed).
-      order: highest derivative order to check.
-      modes: any of "fwd" (jvp) and "rev" (vjp).
-      atol, rtol, eps: tolerances and finite-difference step (defaults by
-        dtype; use float64 for tight checks).
+      f (Callable): a function of arrays, written with functx.numpy (or lifted).
+      args (tuple): a tuple of floating-point arrays (pytrees allowed).
+      order (int): highest derivative order to check.
+      modes (Sequence[str]): any of "fwd" (jvp) and "rev" (vjp).
+      atol (float | None): the absolute tolerance (default by dtype; use
+        float64 for tight checks).
+      rtol (float | None): the relative tolerance (default by dtype).
+      eps (float | None): the finite-difference step (default by dtype).
 
     Raises:
-      AssertionError describing the first disagreement.
+      AssertionError: describing the first disagreement.
 
     Example:
       >>> functx.test_util.check_grads(functx.numpy.tanh, (x,), order=3)

@@ -208,7 +208,7 @@ class detect_anomaly(contextlib.ContextDecorator):
     the forward primitive and the user line that applied it.
 
     Args:
-      check_nan: check backward results for NaN (torch's argument).
+      check_nan (bool): check backward results for NaN (torch's argument).
 
     Example:
       >>> with functx.autograd.detect_anomaly():

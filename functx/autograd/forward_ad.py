@@ -74,7 +74,7 @@ def enter_dual_level():
     """Enter a new dual level and make it the current one.
 
     Returns:
-      The new level's number (0 for the first open level).
+      int: The new level's number (0 for the first open level).
 
     Example:
       >>> level = forward_ad.enter_dual_level()
@@ -92,11 +92,11 @@ def exit_dual_level(*, level=None):
     """Exit the current (innermost) dual level; its tangents are dropped.
 
     Args:
-      level: the level to exit (default: the current one). Only the
+      level (int | None): the level to exit (default: the current one). Only the
         innermost open level can be exited, as in torch.
 
     Returns:
-      None. Duals of the exited level unpack to `(primal, None)` from now
+      None: Duals of the exited level unpack to `(primal, None)` from now
       on.
 
     Example:
@@ -215,12 +215,13 @@ def make_dual(tensor, tangent, *, level=None):
     operations on the result propagate the tangent (forward-mode AD).
 
     Args:
-      tensor: a floating-point array (the primal).
-      tangent: an array of the same shape (cast to the primal's dtype).
-      level: the dual level (default: the innermost open one).
+      tensor (jax.Array): a floating-point array (the primal).
+      tangent (jax.Array): an array of the same shape (cast to the primal's
+        dtype).
+      level (int | None): the dual level (default: the innermost open one).
 
     Returns:
-      The dual value. Read it back with `unpack_dual`.
+      jax.Array: The dual value. Read it back with `unpack_dual`.
 
     Example:
       >>> with forward_ad.dual_level():
@@ -266,13 +267,13 @@ def unpack_dual(tensor, *, level=None):
     """Split a dual value into its primal and its tangent at a dual level.
 
     Args:
-      tensor: any value.
-      level: the dual level (default: the innermost open one).
+      tensor (Any): any value.
+      level (int | None): the dual level (default: the innermost open one).
 
     Returns:
-      `UnpackedDualTensor(primal, tangent)`; `tangent` is None when
-      `tensor` has no tangent at that level (a plain array, a value that
-      does not depend on any dual of the level, or any value once its level
+      UnpackedDualTensor: `UnpackedDualTensor(primal, tangent)`; `tangent` is
+      None when `tensor` has no tangent at that level (a plain array, a value
+      that does not depend on any dual of the level, or any value once its level
       has exited).
 
     Example:

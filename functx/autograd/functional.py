@@ -266,17 +266,19 @@ def vjp(func, inputs, v=None, create_graph=False, strict=False):
     `autograd.functional.vjp`).
 
     Args:
-      func: a function of arrays returning an array or a tuple of arrays.
-      inputs: an array or a tuple of arrays.
-      v: the vector, with the structure and shapes of `func`'s output; may
-        be None when the output is a single array with one element.
-      create_graph: keep the results differentiable (else detached).
-      strict: raise IndependenceError when an output does not depend on any
-        input or an input does not reach any output (and with create_graph,
+      func (Callable): a function of arrays returning an array or a tuple of
+        arrays.
+      inputs (jax.Array | tuple): an array or a tuple of arrays.
+      v (jax.Array | tuple | None): the vector, with the structure and shapes of
+        `func`'s output; may be None when the output is a single array with one
+        element.
+      create_graph (bool): keep the results differentiable (else detached).
+      strict (bool): raise IndependenceError when an output does not depend on
+        any input or an input does not reach any output (and with create_graph,
         when a result does not depend on the inputs).
 
     Returns:
-      `(func_output, vjp)`: vjp has the structure of `inputs`.
+      tuple: `(func_output, vjp)`: vjp has the structure of `inputs`.
 
     Example:
       >>> out, (gx, gy) = functional.vjp(lambda x, y: x * y, (x, y), v)
@@ -319,17 +321,18 @@ def jvp(func, inputs, v=None, create_graph=False, strict=False):
     `autograd.functional.jvp`), computed in forward mode.
 
     Args:
-      func: a function of arrays returning an array or a tuple of arrays.
-      inputs: an array or a tuple of arrays.
-      v: the vector, with the structure and shapes of `inputs`; may be None
-        when the input is a single array with one element.
-      create_graph: keep the results differentiable (else detached).
-      strict: raise IndependenceError when an output does not depend on any
-        input or an input does not reach any output (and with create_graph,
+      func (Callable): a function of arrays returning an array or a tuple of
+        arrays.
+      inputs (jax.Array | tuple): an array or a tuple of arrays.
+      v (jax.Array | tuple | None): the vector, with the structure and shapes of
+        `inputs`; may be None when the input is a single array with one element.
+      create_graph (bool): keep the results differentiable (else detached).
+      strict (bool): raise IndependenceError when an output does not depend on
+        any input or an input does not reach any output (and with create_graph,
         when a result does not depend on the inputs).
 
     Returns:
-      `(func_output, jvp)`: jvp has the structure of the output.
+      tuple: `(func_output, jvp)`: jvp has the structure of the output.
 
     Example:
       >>> out, tangent = functional.jvp(fnp.sin, x, v)
@@ -384,22 +387,23 @@ def jacobian(func, inputs, create_graph=False, strict=False, vectorize=False,
     `autograd.functional.jacobian`).
 
     Args:
-      func: a function of arrays returning an array or a tuple of arrays.
-      inputs: an array or a tuple of arrays.
-      create_graph: keep the Jacobian differentiable (else detached).
-      strict: raise IndependenceError when an output does not depend on an
-        input (any block that is structurally zero), and with create_graph
-        when a block does not depend on the inputs. Not with vectorize=True
-        or forward mode (as in torch).
-      vectorize: accepted for torch compatibility; functx always vectorizes
-        (forward mode requires vectorize=True, as in torch).
-      strategy: "reverse-mode" (functx.jacrev) or "forward-mode"
+      func (Callable): a function of arrays returning an array or a tuple of
+        arrays.
+      inputs (jax.Array | tuple): an array or a tuple of arrays.
+      create_graph (bool): keep the Jacobian differentiable (else detached).
+      strict (bool): raise IndependenceError when an output does not depend on
+        an input (any block that is structurally zero), and with create_graph
+        when a block does not depend on the inputs. Not with vectorize=True or
+        forward mode (as in torch).
+      vectorize (bool): accepted for torch compatibility; functx always
+        vectorizes (forward mode requires vectorize=True, as in torch).
+      strategy (str): "reverse-mode" (functx.jacrev) or "forward-mode"
         (functx.jacfwd).
 
     Returns:
-      One array if `inputs` and the output are single arrays; a tuple over
-      inputs (or outputs) if one of them is a tuple; else a tuple over
-      outputs of tuples over inputs. Block `[i][j]` has shape
+      jax.Array | tuple: One array if `inputs` and the output are single arrays;
+      a tuple over inputs (or outputs) if one of them is a tuple; else a tuple
+      over outputs of tuples over inputs. Block `[i][j]` has shape
       `output_i.shape + input_j.shape`.
 
     Example:
@@ -447,22 +451,24 @@ def hessian(func, inputs, create_graph=False, strict=False, vectorize=False,
     `autograd.functional.hessian`): the Jacobian of its gradient.
 
     Args:
-      func: a function of arrays returning one array with one element.
-      inputs: an array or a tuple of arrays.
-      create_graph: keep the Hessian differentiable (else detached).
-      strict: raise IndependenceError when the output does not depend on an
-        input, when the gradient for an input is a constant, or when a
-        Hessian block is structurally zero (as torch does); with
-        create_graph, also when a block does not depend on the inputs.
-      vectorize: accepted for torch compatibility (see `jacobian`).
-      outer_jacobian_strategy: how the outer Jacobian is taken:
+      func (Callable): a function of arrays returning one array with one
+        element.
+      inputs (jax.Array | tuple): an array or a tuple of arrays.
+      create_graph (bool): keep the Hessian differentiable (else detached).
+      strict (bool): raise IndependenceError when the output does not depend on
+        an input, when the gradient for an input is a constant, or when a
+        Hessian block is structurally zero (as torch does); with create_graph,
+        also when a block does not depend on the inputs.
+      vectorize (bool): accepted for torch compatibility (see `jacobian`).
+      outer_jacobian_strategy (str): how the outer Jacobian is taken:
         "reverse-mode" (reverse over reverse) or "forward-mode" (forward
         over reverse, needs vectorize=True). The gradient is always taken
         in reverse mode.
 
     Returns:
-      One array of shape `input.shape * 2` for a single input, else a tuple
-      of tuples: `[i][j]` has shape `input_i.shape + input_j.shape`.
+      jax.Array | tuple: One array of shape `input.shape * 2` for a single
+      input, else a tuple of tuples: `[i][j]` has shape `input_i.shape +
+      input_j.shape`.
 
     Example:
       >>> functional.hessian(lambda x: (x ** 3).sum(), x)   # diag(6 x)
@@ -559,15 +565,17 @@ def vhp(func, inputs, v=None, create_graph=False, strict=False):
     `autograd.functional.vhp`), by reverse over reverse mode.
 
     Args:
-      func: a function of arrays returning one array with one element.
-      inputs: an array or a tuple of arrays.
-      v: the vector, with the structure and shapes of `inputs`; may be None
-        when the input is a single array with one element.
-      create_graph, strict: as for `vjp` (strict also raises when the
-        gradient for an input is a constant).
+      func (Callable): a function of arrays returning one array with one
+        element.
+      inputs (jax.Array | tuple): an array or a tuple of arrays.
+      v (jax.Array | tuple | None): the vector, with the structure and shapes of
+        `inputs`; may be None when the input is a single array with one element.
+      create_graph (bool): as for `vjp`.
+      strict (bool): as for `vjp`; it also raises when the gradient for an
+        input is a constant.
 
     Returns:
-      `(func_output, vhp)`: vhp has the structure of `inputs`.
+      tuple: `(func_output, vhp)`: vhp has the structure of `inputs`.
 
     Example:
       >>> value, vh = functional.vhp(lambda x: (x ** 3).sum(), x, v)   # 6 x v
@@ -581,15 +589,17 @@ def hvp(func, inputs, v=None, create_graph=False, strict=False):
     torch, it costs about as much as `vhp`).
 
     Args:
-      func: a function of arrays returning one array with one element.
-      inputs: an array or a tuple of arrays.
-      v: the vector, with the structure and shapes of `inputs`; may be None
-        when the input is a single array with one element.
-      create_graph, strict: as for `vjp` (strict also raises when the
-        gradient for an input is a constant).
+      func (Callable): a function of arrays returning one array with one
+        element.
+      inputs (jax.Array | tuple): an array or a tuple of arrays.
+      v (jax.Array | tuple | None): the vector, with the structure and shapes of
+        `inputs`; may be None when the input is a single array with one element.
+      create_graph (bool): as for `vjp`.
+      strict (bool): as for `vjp`; it also raises when the gradient for an
+        input is a constant.
 
     Returns:
-      `(func_output, hvp)`: hvp has the structure of `inputs`.
+      tuple: `(func_output, hvp)`: hvp has the structure of `inputs`.
 
     Example:
       >>> value, hv = functional.hvp(lambda x: (x ** 3).sum(), x, v)   # 6 x v

@@ -686,28 +686,34 @@ def gradcheck(func, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=T
     differences (torch's `torch.autograd.gradcheck`).
 
     Args:
-      func: a function of arrays returning an array or a tuple of arrays.
-      inputs: an array or a tuple of values; its floating-point arrays
-        (float64 expected) are checked, the rest passed through.
-      eps: the finite-difference step.
-      atol, rtol: the tolerances: |analytical - numerical| <= atol + rtol
-        |numerical| element-wise.
-      raise_exception: raise GradcheckError on failure (else return False).
-      nondet_tol: how much two runs of the same vjp may differ.
-      check_undefined_grad: check that symbolic-zero cotangents (and, with
-        check_forward_ad, tangents) give zero derivatives.
-      check_grad_dtypes: check that the gradients have the inputs' dtypes.
-      check_batched_grad: check functx.vmap of the vjp against a loop.
-      check_batched_forward_grad: same for the jvp (needs check_forward_ad).
-      check_forward_ad: also check forward mode (functx.jvp).
-      check_backward_ad: check reverse mode (functx.vjp).
-      fast_mode: compare `v^T J u` for random unit u, v instead of every
+      func (Callable): a function of arrays returning an array or a tuple of
+        arrays.
+      inputs (jax.Array | tuple): an array or a tuple of values; its
+        floating-point arrays (float64 expected) are checked, the rest passed
+        through.
+      eps (float): the finite-difference step.
+      atol (float): the absolute tolerance: |analytical - numerical| <=
+        atol + rtol |numerical| element-wise.
+      rtol (float): the relative tolerance, in the same test as `atol`.
+      raise_exception (bool): raise GradcheckError on failure (else return
+        False).
+      nondet_tol (float): how much two runs of the same vjp may differ.
+      check_undefined_grad (bool): check that symbolic-zero cotangents (and,
+        with check_forward_ad, tangents) give zero derivatives.
+      check_grad_dtypes (bool): check that the gradients have the inputs'
+        dtypes.
+      check_batched_grad (bool): check functx.vmap of the vjp against a loop.
+      check_batched_forward_grad (bool): same for the jvp (needs
+        check_forward_ad).
+      check_forward_ad (bool): also check forward mode (functx.jvp).
+      check_backward_ad (bool): check reverse mode (functx.vjp).
+      fast_mode (bool): compare `v^T J u` for random unit u, v instead of every
         element.
-      masked: accepted for torch compatibility (functx has no sparse
-        arrays).
+      masked (bool | None): accepted for torch compatibility (functx has no
+        sparse arrays).
 
     Returns:
-      True when every check passes (False on failure with
+      bool: True when every check passes (False on failure with
       raise_exception=False).
 
     Example:
@@ -743,19 +749,28 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
     gradcheck of `(inputs, grad_outputs) -> vjp(func, inputs)(grad_outputs)`.
 
     Args:
-      func, inputs, eps, atol, rtol, raise_exception, nondet_tol,
-      check_undefined_grad, check_grad_dtypes, check_batched_grad,
-      fast_mode, masked: as for `gradcheck`.
-      grad_outputs: the output cotangents (an array or a tuple, one per
-        floating-point output); default: random in [-1, 1] from a fixed
-        private seed. They are checked too.
-      gen_non_contig_grad_outputs: accepted for torch compatibility (JAX
+      func (Callable): as for `gradcheck`.
+      inputs (jax.Array | tuple): as for `gradcheck`.
+      eps (float): as for `gradcheck`.
+      atol (float): as for `gradcheck`.
+      rtol (float): as for `gradcheck`.
+      raise_exception (bool): as for `gradcheck`.
+      nondet_tol (float): as for `gradcheck`.
+      check_undefined_grad (bool): as for `gradcheck`.
+      check_grad_dtypes (bool): as for `gradcheck`.
+      check_batched_grad (bool): as for `gradcheck`.
+      fast_mode (bool): as for `gradcheck`.
+      masked (bool): as for `gradcheck`.
+      grad_outputs (jax.Array | tuple | None): the output cotangents (an array
+        or a tuple, one per floating-point output); default: random in [-1, 1]
+        from a fixed private seed. They are checked too.
+      gen_non_contig_grad_outputs (bool): accepted for torch compatibility (JAX
         arrays have no strides).
-      check_fwd_over_rev: check forward mode over the vjp.
-      check_rev_over_rev: check reverse mode over the vjp.
+      check_fwd_over_rev (bool): check forward mode over the vjp.
+      check_rev_over_rev (bool): check reverse mode over the vjp.
 
     Returns:
-      True when every check passes (False on failure with
+      bool: True when every check passes (False on failure with
       raise_exception=False).
 
     Example:

@@ -170,8 +170,9 @@ class Tensor(ImperativeValue):
     """A JAX array with torch's autograd state (NOTE [imperative mode]).
 
     Args:
-      data: an array, a number or nested lists (converted with jnp.asarray).
-      requires_grad: record the operations applied to it, so that
+      data (jax.Array | int | float | complex | list): an array, a number or
+        nested lists (converted with jnp.asarray).
+      requires_grad (bool): record the operations applied to it, so that
         `backward()` / `autograd.grad` can differentiate with respect to it
         (floating-point tensors only).
 
@@ -775,14 +776,15 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
     `.grad` of the leaves they were computed from (torch.autograd.backward).
 
     Args:
-      tensors: the outputs to differentiate.
-      grad_tensors: their gradients (None for a scalar output: 1).
-      retain_graph: keep the graph for another backward pass (default:
-        create_graph).
-      create_graph: record the backward pass, so the gradients can be
+      tensors (Tensor | Sequence[Tensor]): the outputs to differentiate.
+      grad_tensors (Tensor | Sequence[Tensor] | None): their gradients (None for
+        a scalar output: 1).
+      retain_graph (bool | None): keep the graph for another backward pass
+        (default: create_graph).
+      create_graph (bool): record the backward pass, so the gradients can be
         differentiated again.
-      inputs: only these tensors' `.grad` are accumulated (default: every
-        leaf that requires grad).
+      inputs (Tensor | Sequence[Tensor] | None): only these tensors' `.grad` are
+        accumulated (default: every leaf that requires grad).
     """
     outputs = list(_as_tuple(tensors))
     grads = _root_grads("autograd.backward", outputs, grad_tensors)
@@ -800,15 +802,19 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     than accumulated (torch.autograd.grad).
 
     Args:
-      outputs, grad_outputs: as `tensors`, `grad_tensors` of `backward`.
-      inputs: a tensor or a sequence of tensors that require grad.
-      retain_graph, create_graph: as for `backward`.
-      allow_unused: return None for an input the outputs do not depend on
-        (else that raises).
-      materialize_grads: return zeros instead of None for such inputs.
+      outputs (Tensor | Sequence[Tensor]): as `tensors` of `backward`.
+      inputs (Tensor | Sequence[Tensor]): a tensor or a sequence of tensors that
+        require grad.
+      grad_outputs (Tensor | Sequence[Tensor] | None): as `grad_tensors` of
+        `backward`.
+      retain_graph (bool | None): as for `backward`.
+      create_graph (bool): as for `backward`.
+      allow_unused (bool | None): return None for an input the outputs do not
+        depend on (else that raises).
+      materialize_grads (bool): return zeros instead of None for such inputs.
 
     Returns:
-      A tuple with one tensor (or None) per input.
+      tuple: A tuple with one tensor (or None) per input.
     """
     outs = list(_as_tuple(outputs))
     ins = list(_as_tuple(inputs))

@@ -456,14 +456,26 @@ class profile:
     """Record the eager execution of functx primitives (NOTE [what the
     profiler measures]).
 
-    Args (torch's names):
-      enabled: False makes the context manager do nothing.
-      record_shapes: record the shapes of each primitive's inputs (see
+    The arguments have torch's names.
+
+    Args:
+      enabled (bool): False makes the context manager do nothing.
+      record_shapes (bool): record the shapes of each primitive's inputs (see
         `key_averages(group_by_input_shape=True)` and the chrome trace).
-      use_cpu: must stay True (CPU wall-clock times are what is recorded).
-      use_cuda, use_device, profile_memory, with_flops, with_stack,
-      with_modules: not supported (raise if set); use `jax.profiler` for
-      device times and memory.
+      use_cpu (bool): must stay True (CPU wall-clock times are what is
+        recorded).
+      use_cuda (bool): not supported (raise if set); use `jax.profiler` for
+        device times and memory.
+      use_device (str | None): not supported (raise if set); use `jax.profiler`
+        for device times and memory.
+      profile_memory (bool): not supported (raise if set); use `jax.profiler`
+        for device times and memory.
+      with_flops (bool): not supported (raise if set); use `jax.profiler` for
+        device times and memory.
+      with_stack (bool): not supported (raise if set); use `jax.profiler` for
+        device times and memory.
+      with_modules (bool): not supported (raise if set); use `jax.profiler` for
+        device times and memory.
 
     After the block: `key_averages()`, `table(...)` (`show_compile=True`
     for the "Compile" column), `events()` / `function_events`,

@@ -219,20 +219,26 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True,
     recomputed from them there. Works under every transform and `jit`.
 
     Args:
-      function: a function of arrays / pytrees returning arrays / pytrees.
-      use_reentrant: accepted for torch compatibility; functx has a single,
-        non-reentrant implementation (both values behave alike).
-      preserve_rng_state, determinism_check, debug: accepted for torch
-        compatibility. functx values are pure: the recomputation is the
-        same program on the same inputs, so it reproduces the forward pass
-        (JAX's explicit keys are inputs like any other).
-      context_fn: not supported (raises if given); use `policy`.
-      policy: which intermediates the forward pass may keep after all, as
-        in `jax.checkpoint(policy=...)`: a `jax.checkpoint_policies` policy
-        (`dots_saveable`, `save_only_these_names(...)` with
-        `jax.ad_checkpoint.checkpoint_name`, ...) or any function
-        `(primitive, *avals, **params) -> bool`. Default: keep only the
-        inputs (`nothing_saveable`).
+      function (Callable): a function of arrays / pytrees returning arrays /
+        pytrees.
+      use_reentrant (bool | None): accepted for torch compatibility; functx has
+        a single, non-reentrant implementation (both values behave alike).
+      preserve_rng_state (bool): accepted for torch compatibility. functx
+        values are pure: the recomputation is the same program on the same
+        inputs, so it reproduces the forward pass (JAX's explicit keys are
+        inputs like any other).
+      determinism_check (str): accepted for torch compatibility, as
+        `preserve_rng_state`.
+      debug (bool): accepted for torch compatibility, as
+        `preserve_rng_state`.
+      context_fn (Callable | None): not supported (raises if given); use
+        `policy`.
+      policy (Callable | None): which intermediates the forward pass may keep
+        after all, as in `jax.checkpoint(policy=...)`: a
+        `jax.checkpoint_policies` policy (`dots_saveable`,
+        `save_only_these_names(...)` with `jax.ad_checkpoint.checkpoint_name`,
+        ...) or any function `(primitive, *avals, **params) -> bool`. Default:
+        keep only the inputs (`nothing_saveable`).
 
     Example:
       >>> block = functx.checkpoint(lambda x: functx.numpy.sin(functx.numpy.sin(x)))

@@ -184,20 +184,20 @@ def vjp(func, *primals, has_aux=False, holomorphic=False, allow_int=False):
     output cotangents back to the inputs.
 
     Args:
-      func: a function of arrays (pytrees allowed).
-      *primals: the inputs at which to linearize. Non-array leaves of a
+      func (Callable): a function of arrays (pytrees allowed).
+      *primals (Any): the inputs at which to linearize. Non-array leaves of a
         pytree (an Equinox module's functions, ints, strings) are passed
         through and get None as cotangent.
-      has_aux: `func` returns `(output, aux)`; aux is returned untouched.
-      holomorphic: promise that `func` is holomorphic (JAX's meaning): its
-        inputs and outputs must be complex. The derivative computed is the
+      has_aux (bool): `func` returns `(output, aux)`; aux is returned untouched.
+      holomorphic (bool): promise that `func` is holomorphic (JAX's meaning):
+        its inputs and outputs must be complex. The derivative computed is the
         same either way (the complex derivative where one exists).
-      allow_int: let integer, bool and key inputs through (as JAX's vjp
+      allow_int (bool): let integer, bool and key inputs through (as JAX's vjp
         does), with float0 zeros as cotangent; by default they are refused,
         as torch.func.vjp refuses them.
 
     Returns:
-      `(output, vjp_fn)` or `(output, vjp_fn, aux)`. `vjp_fn(cotangents)`
+      tuple: `(output, vjp_fn)` or `(output, vjp_fn, aux)`. `vjp_fn(cotangents)`
       takes cotangents with the structure, shapes and dtypes of `output` and
       returns a tuple with one cotangent per primal. It can be called many
       times, and is a pytree whose leaves are the residuals it holds (as
@@ -305,15 +305,16 @@ def grad_and_value(func, argnums=0, has_aux=False, holomorphic=False, allow_int=
     """Gradient and value of a scalar function.
 
     Args:
-      func: a function returning a real floating-point scalar (or
+      func (Callable): a function returning a real floating-point scalar (or
         `(scalar, aux)` with `has_aux=True`).
-      argnums: which positional argument(s) to differentiate: an int, or a
-        tuple of ints for a tuple of gradients.
-      has_aux: `func` returns `(scalar, aux)`.
-      holomorphic, allow_int: as for `grad`.
+      argnums (int | tuple[int, ...]): which positional argument(s) to
+        differentiate: an int, or a tuple of ints for a tuple of gradients.
+      has_aux (bool): `func` returns `(scalar, aux)`.
+      holomorphic (bool): as for `grad`.
+      allow_int (bool): as for `grad`.
 
     Returns:
-      A function returning `(grad, value)`, or `(grad, (value, aux))`.
+      Callable: A function returning `(grad, value)`, or `(grad, (value, aux))`.
 
     Example:
       >>> g, loss = functx.grad_and_value(loss_fn)(params, batch)
@@ -326,22 +327,24 @@ def grad(func, argnums=0, has_aux=False, holomorphic=False, allow_int=False):
     """Gradient of a scalar function.
 
     Args:
-      func: a function returning a real floating-point scalar (or
+      func (Callable): a function returning a real floating-point scalar (or
         `(scalar, aux)` with `has_aux=True`). Keyword arguments are passed
         through and not differentiated.
-      argnums: which positional argument(s) to differentiate: an int, or a
-        tuple of ints for a tuple of gradients. A differentiated argument may
-        be any pytree; its non-array leaves (an Equinox module's functions,
-        ints, strings) get None as gradient.
-      has_aux: `func` returns `(scalar, aux)`; the result is `(grad, aux)`.
-      holomorphic: `func` is holomorphic, with complex inputs and a complex
-        scalar output (JAX's meaning); the result is the complex derivative.
-      allow_int: integer, bool and key arrays among the differentiated
+      argnums (int | tuple[int, ...]): which positional argument(s) to
+        differentiate: an int, or a tuple of ints for a tuple of gradients. A
+        differentiated argument may be any pytree; its non-array leaves (an
+        Equinox module's functions, ints, strings) get None as gradient.
+      has_aux (bool): `func` returns `(scalar, aux)`; the result is `(grad,
+        aux)`.
+      holomorphic (bool): `func` is holomorphic, with complex inputs and a
+        complex scalar output (JAX's meaning); the result is the complex
+        derivative.
+      allow_int (bool): integer, bool and key arrays among the differentiated
         arguments get float0 zeros as gradient (as JAX's allow_int) instead
         of being refused.
 
     Returns:
-      A function computing the gradient (with the structure of the
+      Callable: A function computing the gradient (with the structure of the
       differentiated argument).
 
     Example:

@@ -135,25 +135,29 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False
     vmap.
 
     Args:
-      func: a function of arrays (pytrees allowed) with floating-point
-        outputs (an integer output is an error, as in JAX and torch).
-      argnums: the argument(s) to differentiate (int or tuple of ints).
-      has_aux: `func` returns `(output, aux)`; the result is `(jac, aux)`.
-      chunk_size: compute the rows in chunks of this many vjps (bounded
-        memory, same result); 'auto' with max_memory: the largest chunk whose
-        estimated peak fits (NOTE [memory model] in functx/memory.py).
-      holomorphic: `func` is holomorphic with complex inputs and outputs
+      func (Callable): a function of arrays (pytrees allowed) with
+        floating-point outputs (an integer output is an error, as in JAX and
+        torch).
+      argnums (int | tuple[int, ...]): the argument(s) to differentiate (int or
+        tuple of ints).
+      has_aux (bool): `func` returns `(output, aux)`; the result is `(jac,
+        aux)`.
+      chunk_size (int | str | None): compute the rows in chunks of this many
+        vjps (bounded memory, same result); 'auto' with max_memory: the largest
+        chunk whose estimated peak fits (NOTE [memory model] in
+        functx/memory.py).
+      holomorphic (bool): `func` is holomorphic with complex inputs and outputs
         (JAX's meaning): the result is the complex derivative. Without it a
         complex output is an error.
-      allow_int: integer, bool and key inputs get zero blocks (of the
+      allow_int (bool): integer, bool and key inputs get zero blocks (of the
         input's dtype, as JAX's allow_int) instead of being refused.
-      max_memory: the memory budget in bytes for chunk_size='auto'.
+      max_memory (int | None): the memory budget in bytes for chunk_size='auto'.
 
     Returns:
-      A function returning the Jacobian: for each output leaf, the block(s)
-      `output.shape + input.shape` (a tuple over argnums for tuple argnums),
-      each with its input's dtype and weak type (as JAX's). A function with
-      no output leaves (None, ()) gives back that structure.
+      Callable: A function returning the Jacobian: for each output leaf, the
+      block(s) `output.shape + input.shape` (a tuple over argnums for tuple
+      argnums), each with its input's dtype and weak type (as JAX's). A function
+      with no output leaves (None, ()) gives back that structure.
 
     Example:
       >>> functx.jacrev(functx.numpy.sin)(x)            # diag(cos(x))
@@ -216,20 +220,23 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error", holomorphic=Fa
     vmap.
 
     Args:
-      func: a function of arrays (pytrees allowed).
-      argnums: the argument(s) to differentiate (int or tuple of ints).
-      has_aux: `func` returns `(output, aux)`; the result is `(jac, aux)`.
-      randomness: passed to the inner vmap (see `vmap`).
-      holomorphic: `func` is holomorphic with complex inputs and outputs
+      func (Callable): a function of arrays (pytrees allowed).
+      argnums (int | tuple[int, ...]): the argument(s) to differentiate (int or
+        tuple of ints).
+      has_aux (bool): `func` returns `(output, aux)`; the result is `(jac,
+        aux)`.
+      randomness (str): passed to the inner vmap (see `vmap`).
+      holomorphic (bool): `func` is holomorphic with complex inputs and outputs
         (JAX's meaning): the result is the complex derivative. Without it a
         complex input is an error.
-      chunk_size: compute the columns in chunks of this many jvps (bounded
-        memory, same result), or 'auto' with max_memory (as jacrev's).
-      max_memory: the memory budget in bytes for chunk_size='auto'.
+      chunk_size (int | str | None): compute the columns in chunks of this many
+        jvps (bounded memory, same result), or 'auto' with max_memory (as
+        jacrev's).
+      max_memory (int | None): the memory budget in bytes for chunk_size='auto'.
 
     Returns:
-      A function returning the Jacobian, laid out as for `jacrev`, each
-      block with its output's dtype and weak type (as JAX's).
+      Callable: A function returning the Jacobian, laid out as for `jacrev`,
+      each block with its output's dtype and weak type (as JAX's).
 
     Example:
       >>> functx.jacfwd(f)(x)                 # cheap when inputs are few
@@ -348,11 +355,12 @@ def hvp(func, primals, tangents):
     Hessian.
 
     Args:
-      func: a function returning a real scalar.
-      primals: a tuple of inputs; tangents: a tuple of the same structure.
+      func (Callable): a function returning a real scalar.
+      primals (tuple): a tuple of inputs.
+      tangents (tuple): a tuple of the same structure.
 
     Returns:
-      `(output, hvp_out)` with `hvp_out` a tuple matching `primals`.
+      tuple: `(output, hvp_out)` with `hvp_out` a tuple matching `primals`.
 
     Example:
       >>> value, (hv,) = functx.hvp(f, (x,), (v,))
@@ -369,11 +377,12 @@ def vhp(func, primals, cotangents):
     """Vector-Hessian product by reverse-over-reverse.
 
     Args:
-      func: a function returning a real scalar.
-      primals: a tuple of inputs; cotangents: a tuple of the same structure.
+      func (Callable): a function returning a real scalar.
+      primals (tuple): a tuple of inputs.
+      cotangents (tuple): a tuple of the same structure.
 
     Returns:
-      `(output, vhp_out)` with `vhp_out` a tuple matching `primals`.
+      tuple: `(output, vhp_out)` with `vhp_out` a tuple matching `primals`.
 
     Example:
       >>> value, (vh,) = functx.vhp(f, (x,), (v,))

@@ -55,14 +55,15 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
     """Jacobian-vector product (forward-mode AD).
 
     Args:
-      func: a function of arrays (pytrees allowed).
-      primals: a tuple with one value per positional argument of `func`.
-      tangents: a tuple with the structure, shapes and dtypes of `primals`.
-      strict: accepted for torch.func compatibility (no effect).
-      has_aux: `func` returns `(output, aux)`.
+      func (Callable): a function of arrays (pytrees allowed).
+      primals (tuple): a tuple with one value per positional argument of `func`.
+      tangents (tuple): a tuple with the structure, shapes and dtypes of
+        `primals`.
+      strict (bool): accepted for torch.func compatibility (no effect).
+      has_aux (bool): `func` returns `(output, aux)`.
 
     Returns:
-      `(output, jvp_out)` or `(output, jvp_out, aux)`; `jvp_out` has the
+      tuple: `(output, jvp_out)` or `(output, jvp_out, aux)`; `jvp_out` has the
       structure of `output`.
 
     Example:
@@ -120,13 +121,13 @@ def linearize(func, *primals, has_aux=False):
     """Run `func` once and return its linear approximation at `primals`.
 
     Args:
-      func: a function of arrays (pytrees allowed).
-      *primals: the inputs at which to linearize.
-      has_aux: `func` returns `(output, aux)`; aux is returned untouched
+      func (Callable): a function of arrays (pytrees allowed).
+      *primals (Any): the inputs at which to linearize.
+      has_aux (bool): `func` returns `(output, aux)`; aux is returned untouched
         (as JAX's linearize).
 
     Returns:
-      `(output, jvp_fn)`, or `(output, jvp_fn, aux)` with `has_aux`;
+      tuple: `(output, jvp_fn)`, or `(output, jvp_fn, aux)` with `has_aux`;
       `jvp_fn(*tangents)` gives the same result as `jvp(func, primals,
       tangents)[1]` without re-running `func` (the linear part was recorded
       once). `jvp_fn` is a pytree whose leaves are the residuals it holds (as

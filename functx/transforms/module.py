@@ -135,16 +135,18 @@ def functional_call(module, params_and_buffers, args, kwargs=None, *, tie_weight
     """Call an Equinox module with some of its leaves replaced.
 
     Args:
-      module: an Equinox module (any pytree that is callable).
-      params_and_buffers: a dict from dotted leaf path (`"layers.0.weight"`,
-        see `named_parameters`) to the value to use, or a tuple of such dicts
-        with distinct keys. Values may be functx values (inside transforms).
-      args: the positional arguments: a tuple, or a single argument.
-      kwargs: keyword arguments for the call.
-      tie_weights: leaves that are the same array in `module` stay tied:
+      module (Callable): an Equinox module (any pytree that is callable).
+      params_and_buffers (dict | tuple[dict, ...]): a dict from dotted leaf path
+        (`"layers.0.weight"`, see `named_parameters`) to the value to use, or a
+        tuple of such dicts with distinct keys. Values may be functx values
+        (inside transforms).
+      args (tuple | Any): the positional arguments: a tuple, or a single
+        argument.
+      kwargs (dict | None): keyword arguments for the call.
+      tie_weights (bool): leaves that are the same array in `module` stay tied:
         giving a value for one gives it to all of them (different values
         for them are an error). With False only the named leaves change.
-      strict: every array leaf must be given a value.
+      strict (bool): every array leaf must be given a value.
 
     A name the module does not have is always an error (a misspelt key would
     otherwise be silently ignored). The call runs the module through

@@ -971,22 +971,22 @@ def per_sample_grad_norms(loss, argnums=0, in_dims=0, *, chunk_size=None, max_me
     through their own per-example gradients. `ghost_plan` says which.
 
     Args:
-      loss: the loss of ONE example, returning a real scalar, e.g.
+      loss (Callable): the loss of ONE example, returning a real scalar, e.g.
         `loss(params, x, y)`.
-      argnums: the argument(s) to differentiate (parameters shared by the
-        batch): an int or a tuple of ints.
-      in_dims: the batch axis of the other positional arguments: an int or
-        None for all of them, or a tuple with one entry (int, None or pytree
-        prefix) per positional argument, None at `argnums`.
-      chunk_size: examples per chunk (bounded memory, same result), or
-        'auto' with `max_memory`: the largest chunk whose estimated peak
-        memory (functx.memory_report's model) fits the budget.
-      max_memory: the memory budget in bytes for chunk_size='auto'.
+      argnums (int | tuple[int, ...]): the argument(s) to differentiate
+        (parameters shared by the batch): an int or a tuple of ints.
+      in_dims (int | None | tuple): the batch axis of the other positional
+        arguments: an int or None for all of them, or a tuple with one entry
+        (int, None or pytree prefix) per positional argument, None at `argnums`.
+      chunk_size (int | str | None): examples per chunk (bounded memory, same
+        result), or 'auto' with `max_memory`: the largest chunk whose estimated
+        peak memory (functx.memory_report's model) fits the budget.
+      max_memory (int | None): the memory budget in bytes for chunk_size='auto'.
 
     Returns:
-      A function of loss's arguments returning the norms, shape (batch,)
-      (float32 at least: bfloat16 / float16 gradients are accumulated in
-      float32).
+      Callable: A function of loss's arguments returning the norms, shape
+      (batch,) (float32 at least: bfloat16 / float16 gradients are accumulated
+      in float32).
 
     Raises:
       FunctxValueError: the loss does not return a real scalar for one
@@ -1019,17 +1019,22 @@ def grad_and_norms(loss, argnums=0, in_dims=0, *, reduction="sum", chunk_size=No
     per_sample_grad_norms).
 
     Args:
-      loss, argnums, in_dims, chunk_size, max_memory: as per_sample_grad_norms.
-      reduction: 'sum' (gradient of sum_i loss_i) or 'mean' (of the mean).
+      loss (Callable): as per_sample_grad_norms.
+      argnums (int | tuple[int, ...]): as per_sample_grad_norms.
+      in_dims (int | None | tuple): as per_sample_grad_norms.
+      chunk_size (int | str | None): as per_sample_grad_norms.
+      max_memory (int | None): as per_sample_grad_norms.
+      reduction (str): 'sum' (gradient of sum_i loss_i) or 'mean' (of the mean).
 
     Returns:
-      A function returning `(grads, norms)`: grads with the structure of the
-      differentiated argument(s) (a tuple of them for a tuple argnums), norms
-      of shape (batch,).
+      Callable: A function returning `(grads, norms)`: grads with the structure
+      of the differentiated argument(s) (a tuple of them for a tuple argnums),
+      norms of shape (batch,).
 
     Raises:
-      FunctxValueError, FunctxTypeError: as per_sample_grad_norms, and for a
-        reduction other than 'sum' or 'mean'.
+      FunctxValueError: as per_sample_grad_norms, and for a reduction other
+        than 'sum' or 'mean'.
+      FunctxTypeError: as per_sample_grad_norms.
 
     Example:
       >>> grads, norms = functx.grad_and_norms(loss, in_dims=(None, 0, 0))(params, xs, ys)
@@ -1061,19 +1066,25 @@ def clipped_grad(loss, max_norm, argnums=0, in_dims=0, *, reduction="sum",
     re-weighted pass reuses its activations and output cotangents.
 
     Args:
-      loss, argnums, in_dims, chunk_size, max_memory: as per_sample_grad_norms.
-      max_norm: the clipping norm C (a positive number or a scalar array).
-      reduction: 'sum' or 'mean' (divided by the batch size, after the noise
-        is added, as DP-SGD does).
-      noise_multiplier: sigma; adds N(0, (sigma * C)^2) independently to
-        every coordinate of the summed clipped gradient. None or 0: no noise.
-      key: the PRNG key for the noise (jax.random.key / PRNGKey), split into
-        one key per differentiated leaf in pytree order; None draws from
-        functx's stateful generator (functx.random.manual_seed).
+      loss (Callable): as per_sample_grad_norms.
+      argnums (int | tuple[int, ...]): as per_sample_grad_norms.
+      in_dims (int | None | tuple): as per_sample_grad_norms.
+      chunk_size (int | str | None): as per_sample_grad_norms.
+      max_memory (int | None): as per_sample_grad_norms.
+      max_norm (float | jax.Array): the clipping norm C (a positive number or a
+        scalar array).
+      reduction (str): 'sum' or 'mean' (divided by the batch size, after the
+        noise is added, as DP-SGD does).
+      noise_multiplier (float | None): sigma; adds N(0, (sigma * C)^2)
+        independently to every coordinate of the summed clipped gradient. None
+        or 0: no noise.
+      key (jax.Array | None): the PRNG key for the noise (jax.random.key /
+        PRNGKey), split into one key per differentiated leaf in pytree order;
+        None draws from functx's stateful generator (functx.random.manual_seed).
 
     Returns:
-      A function of loss's arguments returning the clipped gradient, with
-      the structure of the differentiated argument(s).
+      Callable: A function of loss's arguments returning the clipped gradient,
+      with the structure of the differentiated argument(s).
 
     Raises:
       FunctxValueError: max_norm not positive and finite, noise_multiplier

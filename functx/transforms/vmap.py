@@ -482,38 +482,40 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
     batch dimension, as one batched computation.
 
     Args:
-      func: a function of arrays (pytrees allowed).
-      in_dims: the batch dimension of each input: an int or None for all
-        positional arguments, or a tuple with one entry per positional
-        argument, each an int, None (not mapped) or a pytree prefix of that
-        argument. Negative dimensions count from the end. Keyword arguments
-        are never mapped.
-      out_dims: where the batch dimension goes in each output: an int, None
-        (output must not depend on the batch) or a pytree prefix.
-      randomness: how functx's stateful random functions (functx.random.rand,
-        ..., functx.nn.dropout) behave inside: 'error' (raise), 'different'
-        (independent draws per batch element) or 'same' (one draw shared).
-      chunk_size: evaluate the batch in chunks of this size (bounded memory,
-        same result); 'auto' (with max_memory) picks the largest chunk whose
-        estimated peak memory fits (NOTE [memory model] in functx/memory.py).
-      axis_name: a hashable name (e.g. 'batch') for the mapped axis, which the
-        collectives of functx.lax (psum, pmean, pmax, pmin, axis_index,
-        axis_size, all_gather, psum_scatter, ppermute, all_to_all) and JAX's
-        (jax.lax.psum, ... called on functx values, e.g. by Equinox's
+      func (Callable): a function of arrays (pytrees allowed).
+      in_dims (int | None | tuple): the batch dimension of each input: an int or
+        None for all positional arguments, or a tuple with one entry per
+        positional argument, each an int, None (not mapped) or a pytree prefix
+        of that argument. Negative dimensions count from the end. Keyword
+        arguments are never mapped.
+      out_dims (int | None | tuple | list | dict): where the batch dimension
+        goes in each output: an int, None (output must not depend on the batch)
+        or a pytree prefix.
+      randomness (str): how functx's stateful random functions
+        (functx.random.rand, ..., functx.nn.dropout) behave inside: 'error'
+        (raise), 'different' (independent draws per batch element) or 'same'
+        (one draw shared).
+      chunk_size (int | str | None): evaluate the batch in chunks of this size
+        (bounded memory, same result); 'auto' (with max_memory) picks the
+        largest chunk whose estimated peak memory fits (NOTE [memory model] in
+        functx/memory.py).
+      axis_name (Hashable | None): a hashable name (e.g. 'batch') for the mapped
+        axis, which the collectives of functx.lax (psum, pmean, pmax, pmin,
+        axis_index, axis_size, all_gather, psum_scatter, ppermute, all_to_all)
+        and JAX's (jax.lax.psum, ... called on functx values, e.g. by Equinox's
         BatchNorm) reduce over, as in `jax.vmap(..., axis_name=...)`. With
-        chunk_size, only axis_index, axis_size and reductions of values the
-        same in every element are defined (the others raise
-        ChunkedCollectiveError).
-      spmd_axis_name: a mesh axis name (or tuple of them) the mapped axis is
-        split over, as in `jax.vmap(..., spmd_axis_name=...)`: sharding
-        constraints inside `func` (and functx.jit shardings) are batched
-        with the batch dimension on that mesh axis, and the batched inputs
-        and outputs are constrained to be split along it (NOTE [spmd axes]
-        in functx/transforms/vmap.py). Results are unchanged.
-      max_memory: the memory budget in bytes for chunk_size='auto'.
+        chunk_size, only axis_index, axis_size and reductions of values the same
+        in every element are defined (the others raise ChunkedCollectiveError).
+      spmd_axis_name (str | tuple[str, ...] | None): a mesh axis name (or tuple
+        of them) the mapped axis is split over, as in `jax.vmap(...,
+        spmd_axis_name=...)`: sharding constraints inside `func` (and functx.jit
+        shardings) are batched with the batch dimension on that mesh axis, and
+        the batched inputs and outputs are constrained to be split along it
+        (NOTE [spmd axes] in functx/transforms/vmap.py). Results are unchanged.
+      max_memory (int | None): the memory budget in bytes for chunk_size='auto'.
 
     Returns:
-      The batched function.
+      Callable: The batched function.
 
     Example:
       >>> per_sample_grads = functx.vmap(functx.grad(loss), in_dims=(None, 0, 0))
