@@ -104,6 +104,54 @@ def test_outputs_and_aux_of_transforms_are_arrays_never_placeholders():
     np.testing.assert_array_equal(np.asarray(aux["mask"]), np.asarray(aux["h"]) > 0)
 
 
+def test_an_output_with_no_tangent_stays_queued(monkeypatch):
+    """A comparison (relu's mask, a user's `x > 0`) has no tangent: its
+    output stays queued instead of running the queue, so a warm grad runs
+    its forward steps as one program; the mask is still an array wherever
+    Python or JAX code reads it."""
+
+    def f(w, x, read=False):
+        h = jax.nn.relu(w @ x)
+        mask = h > 0.1
+        scale = jnp.where(mask, 2.0, 1.0)  # JAX code on the mask
+        out = fnp.sum(fnp.where(mask, fnp.tanh(h), h) * scale)
+        return out, {"mask": mask, "any": bool(mask.any()) if read else None}
+
+    g = fx.grad(f, has_aux=True)
+    per_sample = fx.vmap(g, in_dims=(None, 0))
+    _warm(g, W, XS[0])
+    _warm(per_sample, W, XS)
+    runs = []
+    flush = deferred.Queue.flush
+    monkeypatch.setattr(deferred.Queue, "flush",
+                        lambda q: (runs.append(len(q.steps)) if q.steps else None, flush(q))[1])
+    got, aux = g(W, XS[0])
+    assert len(runs) == 1, f"the queue ran {len(runs)} times in one call: {runs}"
+    runs.clear()
+    got_ps, aux_ps = per_sample(W, XS)
+    assert len(runs) <= 2, f"the queue ran {len(runs)} times in one call: {runs}"
+
+    def jf(w, x):
+        h = jax.nn.relu(w @ x)
+        mask = h > 0.1
+        return jnp.sum(jnp.where(mask, jnp.tanh(h), h) * jnp.where(mask, 2.0, 1.0)), mask
+
+    def mask_of(x):
+        return jax.nn.relu(W @ x) > 0.1
+
+    want, mask = jax.grad(jf, has_aux=True)(W, XS[0])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
+    assert isinstance(aux["mask"], jax.Array) and aux["any"] is None
+    np.testing.assert_array_equal(np.asarray(aux["mask"]), np.asarray(mask))
+    want_ps, masks = jax.vmap(jax.grad(jf, has_aux=True), in_axes=(None, 0))(W, XS)
+    np.testing.assert_allclose(np.asarray(got_ps), np.asarray(want_ps), rtol=1e-12)
+    np.testing.assert_array_equal(np.asarray(aux_ps["mask"]), np.asarray(masks))
+    # Python reading the mask's value (bool) still gets it
+    for x in (XS[1], -XS[1]):
+        _, aux = g(W, x, True)
+        assert aux["any"] == bool(np.any(np.asarray(mask_of(x))))
+
+
 def test_a_callback_runs_where_the_program_reaches_it():
     """Python side effects and a jax.debug.callback keep their order: the
     callback's step is not queued behind later Python code."""

@@ -53,7 +53,8 @@ from ..core import (
 from ..core import _ArrayImpl as ArrayImpl
 from ..errors import ConcretizationError, FunctxError, describe_user_line
 from ..caches import STAGING, RepeatCache
-from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
+from .deferred import (CONSTANT_TYPES, PY_SCALARS, Pending, Queue, StepOutputs, input_aval,
+                       jax_avals, values)
 from .staging import eval_graph, one_equation_graph, stage
 
 batch_rules = {}  # Primitive -> rule
@@ -190,7 +191,7 @@ class BatchInterpreter(Interpreter):
             if type(v) is not ArrayImpl:
                 if type(v) is Pending:
                     pending = True
-                elif type(v) not in CONSTANT_TYPES:
+                elif type(v) not in CONSTANT_TYPES and type(v) not in PY_SCALARS:
                     concrete = False
         if pending and (bases is not None or not concrete):
             vals = values(vals)
@@ -313,7 +314,7 @@ def batched_step(prim, params, vals, dims, axis_size, axis=None):
     unhashable parameters, or a rule that cannot be staged). `axis`: the
     vmap's AxisInfo (NOTE [named axes]; a graph's collectives depend on it)."""
     try:
-        key = (prim, tuple(params.items()), tuple(v.aval for v in vals), dims, axis_size, axis)
+        key = (prim, tuple(params.items()), jax_avals(vals), dims, axis_size, axis)
         return _steps.get(key, lambda: _build_step(prim, params, vals, dims, axis_size, axis))
     except TypeError:  # unhashable parameters
         return None

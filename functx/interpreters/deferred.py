@@ -16,9 +16,16 @@ Later steps take Pendings as inputs. The queue is run (`flush`) when:
 * a value is needed: reading a tracer's primal (reverse mode) or value
   (vmap) anywhere but in the interpreter's own step path forces it -- a
   rule that needs concrete operands, Python control flow on a value, a
-  printout, a transform's outputs, an output with no tangent;
+  printout, a transform's outputs, an unbatched output of vmap;
 * reverse mode's tape is turned into its linear map (its residuals);
 * the queue holds `MAX_STEPS` steps.
+
+Reverse mode's outputs with no tangent (a comparison such as relu's mask,
+an integer) stay queued too: the interpreter boxes them in a tracer with a
+symbolic Zero tangent, which its steps read as not differentiated, so the
+Pending never reaches code that expects an array. Python numbers a step
+reads (a jitted JAX function's scalar argument) are program inputs, like
+arrays.
 
 A flush runs every queued step, in order. The queue's structure (the steps,
 how their inputs connect, the avals of the concrete inputs, and which
@@ -62,6 +69,21 @@ try:  # the typed constants JAX's own code passes (jnp.mean's divisor, ...)
         "TypedNdArray", "TypedFloat", "TypedInt", "TypedComplex") if hasattr(_literals, n))
 except ImportError:  # pragma: no cover - a JAX without them
     CONSTANT_TYPES = frozenset()
+
+
+# Python numbers a step may take (a jitted JAX function's scalar argument,
+# as `jnp.where(mask, 2.0, 1.0)` passes): concrete, weakly typed, and
+# program inputs like arrays (a new value is not a new program).
+PY_SCALARS = frozenset((float, int, bool, complex))
+
+
+def jax_avals(xs):
+    """JAX's avals of a step's inputs (arrays, Pendings, JAX's typed
+    constants, Python numbers): part of the keys of steps and programs."""
+    try:
+        return tuple(x.aval for x in xs)
+    except AttributeError:  # a Python number among them
+        return tuple(aval_of(x) if type(x) in PY_SCALARS else x.aval for x in xs)
 
 
 def input_aval(x):
@@ -169,7 +191,7 @@ class Queue:
         # (StepOutputs, refs): a ref is an earlier output (int >= 0), an
         # input (int < 0) or a Literal
         self.steps = []
-        self.inputs = []  # the concrete arrays the steps read, each once
+        self.inputs = []  # the concrete values the steps read, each once
         self.index = {}  # id(input) -> its ref
         self.outs = []  # weakrefs to every Pending, in order
 
@@ -211,7 +233,7 @@ class Queue:
         self.steps, self.inputs, self.outs, self.index = [], [], [], {}
         live = [r() for r in outs]
         mask = tuple(p is not None for p in live)
-        key = (tuple(steps), tuple(x.aval for x in inputs), mask)
+        key = (tuple(steps), jax_avals(inputs), mask)
         try:
             program = _programs.get(key, lambda: _build(steps, inputs, mask))
         except TypeError:  # unhashable step parameters

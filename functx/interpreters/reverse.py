@@ -53,7 +53,8 @@ from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
 from ..caches import STAGING, RepeatCache
-from .deferred import CONSTANT_TYPES, Pending, Queue, StepOutputs, input_aval, values
+from .deferred import (CONSTANT_TYPES, PY_SCALARS, Pending, Queue, StepOutputs, input_aval,
+                       jax_avals, values)
 from .eval import compile_ahead
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
@@ -231,8 +232,10 @@ class ReverseInterpreter(JVPInterpreter):
         for a in args:
             if type(a) is ReverseTracer and a._interp is self:
                 p = _raw_primal(a)
-                tangents.append(a.tangent)
-                differentiated.append(True)
+                t = a.tangent
+                tangents.append(t)
+                # a queued output with no tangent is boxed with a Zero (below)
+                differentiated.append(type(t) is not Zero)
             else:
                 p = a
                 tangents.append(Zero.of(a))
@@ -241,7 +244,7 @@ class ReverseInterpreter(JVPInterpreter):
             if type(p) is not ArrayImpl:
                 if type(p) is Pending:
                     pending = True
-                elif type(p) not in CONSTANT_TYPES:
+                elif type(p) not in CONSTANT_TYPES and type(p) not in PY_SCALARS:
                     concrete = False
         if concrete and _core.eager_hook is None and not tape_observers and not prim.effectful:
             # NOTE [deferred eager steps]: not while a hook watches each step (it
@@ -254,8 +257,11 @@ class ReverseInterpreter(JVPInterpreter):
                 live = [t for t, d in zip(tangents, differentiated) if d]
                 out_tangents = iter(self.tape.inline(
                     split.tangent, split.residuals(primals, outs) + live))
+                # An output with no tangent (a comparison, an integer) stays
+                # queued inside a tracer with a Zero tangent: returned bare, a
+                # Pending would reach code that needs an array.
                 boxed = [self.box(o, next(out_tangents)) if nz
-                         else (o.force() if type(o) is Pending else o)
+                         else (ReverseTracer(self, o, Zero(o.faval)) if type(o) is Pending else o)
                          for o, nz in zip(outs[:split.n_out], split.out_nonzero)]
                 return boxed if prim.multiple_results else boxed[0]
         if pending:
@@ -279,7 +285,7 @@ class ReverseInterpreter(JVPInterpreter):
         live = []
         zero_avals = []
         for o in outputs:
-            if type(o) is ReverseTracer and o._interp is self:
+            if type(o) is ReverseTracer and o._interp is self and type(o.tangent) is not Zero:
                 live.append(o.tangent)
                 zero_avals.append(None)
             else:
@@ -306,7 +312,7 @@ def fused_step(prim, params, primals, differentiated):
     """The FusedStep for this application of `prim`, or None (first
     sighting, unhashable parameters, or a rule that cannot be staged)."""
     try:
-        key = (prim, tuple(params.items()), tuple(p.aval for p in primals), differentiated)
+        key = (prim, tuple(params.items()), jax_avals(primals), differentiated)
         return _fused.get(key, lambda: _build_fused(prim, params, primals, differentiated))
     except TypeError:  # unhashable parameters
         return None
