@@ -152,6 +152,33 @@ def test_an_output_with_no_tangent_stays_queued(monkeypatch):
         assert aux["any"] == bool(np.any(np.asarray(mask_of(x))))
 
 
+def test_a_value_with_no_derivative_behaves_as_its_array():
+    """A comparison or an index under grad stays queued (above), but reads
+    as the plain array JAX's grad gives there: NumPy conversion, tolist,
+    printing, indexing a list. A differentiated value still refuses NumPy,
+    which would lose its derivative."""
+    seen = {}
+
+    def f(x):
+        mask, i = x > 0.2, fnp.argmax(x)
+        seen.update(np=np.asarray(mask), tolist=mask.tolist(), bytes=mask.tobytes(),
+                    str=str(mask), repr=repr(mask), fmt=f"{i:d}", item=[1, 2, 3, 4][i])
+        with pytest.raises(fx.FunctxError):
+            np.asarray(x * 2)
+        return fnp.sum(fnp.where(mask, x ** 2, x))
+
+    x = jnp.asarray([0.1, 0.5, 0.3, 0.9])
+    g = fx.grad(f)
+    _warm(g, x)
+    got = g(x)
+    mask = x > 0.2
+    assert seen == dict(np=seen["np"], tolist=mask.tolist(), bytes=mask.tobytes(), str=str(mask),
+                        repr=repr(mask), fmt="3", item=4)
+    np.testing.assert_array_equal(seen["np"], np.asarray(mask))
+    np.testing.assert_allclose(np.asarray(got),
+                               np.asarray(jax.grad(lambda x: jnp.sum(jnp.where(mask, x ** 2, x)))(x)))
+
+
 def test_a_callback_runs_where_the_program_reaches_it():
     """Python side effects and a jax.debug.callback keep their order: the
     callback's step is not queued behind later Python code."""

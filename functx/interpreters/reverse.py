@@ -89,14 +89,51 @@ backward_check = None
 
 _primal_slot = JVPTracer.__dict__["primal"]
 _raw_primal = _primal_slot.__get__
+_raw_tangent = JVPTracer.__dict__["tangent"].__get__
 
 
 class ReverseTracer(JVPTracer):
     """A primal with a *linear* tangent: a tracer of the interpreter's tape.
     The primal may be a `Pending` (NOTE [deferred eager steps]): reading
-    `primal` gives its value."""
+    `primal` gives its value.
+
+    With a symbolic Zero tangent it is a queued value with no derivative (a
+    comparison, an integer: see `_process`). Unqueued, such a value would be
+    the plain array, as in JAX, so it behaves as one: NumPy conversion and
+    the methods of `jax.Array` that tracers lack (`tolist`, `tobytes`,
+    `block_until_ready`, ...) and printing act on its value, as no
+    derivative is lost."""
 
     __slots__ = ()
+
+    def __array__(self, *args, **kwargs):
+        if type(_raw_tangent(self)) is Zero:
+            return self.primal.__array__(*args, **kwargs)
+        return super().__array__(*args, **kwargs)
+
+    def __repr__(self):
+        if type(_raw_tangent(self)) is Zero:
+            return repr(self.primal)
+        return super().__repr__()
+
+    def __str__(self):
+        if type(_raw_tangent(self)) is Zero:
+            return str(self.primal)
+        return super().__str__()
+
+    def __format__(self, spec):
+        if type(_raw_tangent(self)) is Zero:
+            return format(self.primal, spec)
+        return super().__format__(spec)
+
+    def __getattr__(self, name):  # only for names the class does not define
+        try:
+            no_derivative = type(_raw_tangent(self)) is Zero
+        except AttributeError:  # not initialised yet
+            no_derivative = False
+        if no_derivative and not name.startswith("__"):
+            return getattr(self.primal, name)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     @property
     def primal(self):
