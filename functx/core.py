@@ -24,6 +24,12 @@ EscapedTracerError naming the transform (and the threads) instead of being
 treated as a constant or passed through. A tracer has no pickled form, and
 copying it (copy / deepcopy) gives the tracer itself: a value traced by a
 transform exists only inside it, and a copy must die with it.
+
+One exception: a tracer that stands for a plain value (`value_after_exit`
+is not NO_VALUE: eager reverse mode's queued results with no derivative,
+which JAX would have returned as arrays) is that value once its transform
+has returned: used then, it is replaced by the value, never by a constant
+of a dead transform.
 """
 
 import contextlib
@@ -411,6 +417,9 @@ def _escaped(tracer, prim):
     )
 
 
+NO_VALUE = object()  # Tracer.value_after_exit: not a plain value
+
+
 def _thread_name(ident):
     for t in threading.enumerate():
         if t.ident == ident:
@@ -421,10 +430,20 @@ def _thread_name(ident):
 def check_usable(x, prim=None):
     """Raise EscapedTracerError if `x` is a tracer of a transform that has
     returned or that runs on another thread (NOTE [escaped tracers]);
-    return `x`."""
+    return `x` (or the plain value a returned tracer stands for)."""
     if type(x) in TRACER_TYPES and x._interp.thread != _get_ident():
-        raise _escaped(x, prim)
+        return _after_exit(x, prim)
     return x
+
+
+def _after_exit(x, prim):
+    """The value of `x`, a tracer not usable here, if it stands for a plain
+    value and its transform has returned; else the escaped-tracer error."""
+    if x._interp.thread is None:
+        v = x.value_after_exit()
+        if v is not NO_VALUE:
+            return v
+    raise _escaped(x, prim)
 
 
 def check_tree_usable(tree, what=None):
@@ -433,7 +452,7 @@ def check_tree_usable(tree, what=None):
     ident = _get_ident()
     for leaf in jax.tree_util.tree_leaves(tree):
         if type(leaf) in TRACER_TYPES and leaf._interp.thread != ident:
-            raise _escaped(leaf, what)
+            _after_exit(leaf, what)
     return tree
 
 
@@ -453,8 +472,8 @@ def bind(prim, /, *args, **params):
     for a in args:
         if type(a) in TRACER_TYPES:
             interp = a._interp
-            if interp.thread != (ident or (ident := _get_ident())):
-                raise _escaped(a, prim)  # NOTE [escaped tracers]
+            if interp.thread != (ident or (ident := _get_ident())):  # NOTE [escaped tracers]
+                return bind(prim, *[check_usable(x, prim) for x in args], **params)
             if top is None or interp.level > top.level:
                 top = interp
     if prim.binds_axis_names:  # NOTE [named axes]
@@ -599,8 +618,13 @@ class Tracer(jax.Array, metaclass=_TracerMeta):
 
     def _concrete(self):
         if self._interp.thread != _get_ident():
-            raise _escaped(self, None)
+            return _after_exit(self, None)
         return self._interp.concrete(self)
+
+    def value_after_exit(self):
+        """The plain value this tracer stands for once its transform has
+        returned, or NO_VALUE (NOTE [escaped tracers])."""
+        return NO_VALUE
 
     # NOTE [escaped tracers]: a copy is the tracer itself; no pickled form.
     def __copy__(self):

@@ -105,31 +105,34 @@ def test_outputs_and_aux_of_transforms_are_arrays_never_placeholders():
 
 
 def test_an_output_with_no_tangent_stays_queued(monkeypatch):
-    """A comparison (relu's mask, a user's `x > 0`) has no tangent: its
-    output stays queued instead of running the queue, so a warm grad runs
-    its forward steps as one program; the mask is still an array wherever
-    Python or JAX code reads it."""
+    """A comparison (relu's mask, a user's `x > 0`) has no tangent. Reached
+    through the rules of transforms above (the inner steps of grad(vmap(f)),
+    MAML's shape) its output stays queued instead of running the queue, so
+    a warm call runs its forward steps as one program. The user's own
+    comparisons under plain grad give arrays, as in JAX, which may be kept
+    after grad returns."""
+    kept = []
 
     def f(w, x, read=False):
         h = jax.nn.relu(w @ x)
         mask = h > 0.1
+        kept.append(mask)
         scale = jnp.where(mask, 2.0, 1.0)  # JAX code on the mask
         out = fnp.sum(fnp.where(mask, fnp.tanh(h), h) * scale)
         return out, {"mask": mask, "any": bool(mask.any()) if read else None}
 
     g = fx.grad(f, has_aux=True)
-    per_sample = fx.vmap(g, in_dims=(None, 0))
+    outer = fx.grad(lambda w: fnp.sum(fx.vmap(lambda x: f(w, x)[0])(XS)))
     _warm(g, W, XS[0])
-    _warm(per_sample, W, XS)
+    _warm(outer, W, calls=8)  # steps downstream of a queued mask join the queue later
     runs = []
     flush = deferred.Queue.flush
     monkeypatch.setattr(deferred.Queue, "flush",
                         lambda q: (runs.append(len(q.steps)) if q.steps else None, flush(q))[1])
-    got, aux = g(W, XS[0])
+    got_outer = outer(W)
     assert len(runs) == 1, f"the queue ran {len(runs)} times in one call: {runs}"
-    runs.clear()
-    got_ps, aux_ps = per_sample(W, XS)
-    assert len(runs) <= 2, f"the queue ran {len(runs)} times in one call: {runs}"
+    kept.clear()
+    got, aux = g(W, XS[0])
 
     def jf(w, x):
         h = jax.nn.relu(w @ x)
@@ -143,9 +146,10 @@ def test_an_output_with_no_tangent_stays_queued(monkeypatch):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12)
     assert isinstance(aux["mask"], jax.Array) and aux["any"] is None
     np.testing.assert_array_equal(np.asarray(aux["mask"]), np.asarray(mask))
-    want_ps, masks = jax.vmap(jax.grad(jf, has_aux=True), in_axes=(None, 0))(W, XS)
-    np.testing.assert_allclose(np.asarray(got_ps), np.asarray(want_ps), rtol=1e-12)
-    np.testing.assert_array_equal(np.asarray(aux_ps["mask"]), np.asarray(masks))
+    # kept past grad's return and used, as with JAX's eager grad
+    assert int(jnp.sum(kept[0])) == int(np.sum(np.asarray(mask))) == int(fnp.sum(kept[0]))
+    want_outer = jax.grad(lambda w: jnp.sum(jax.vmap(lambda x: jf(w, x)[0])(XS)))(W)
+    np.testing.assert_allclose(np.asarray(got_outer), np.asarray(want_outer), rtol=1e-12)
     # Python reading the mask's value (bool) still gets it
     for x in (XS[1], -XS[1]):
         _, aux = g(W, x, True)
@@ -153,30 +157,50 @@ def test_an_output_with_no_tangent_stays_queued(monkeypatch):
 
 
 def test_a_value_with_no_derivative_behaves_as_its_array():
-    """A comparison or an index under grad stays queued (above), but reads
-    as the plain array JAX's grad gives there: NumPy conversion, tolist,
-    printing, indexing a list. A differentiated value still refuses NumPy,
-    which would lose its derivative."""
-    seen = {}
+    """Inside grad, the result of an inner vmap that has no derivative (a
+    mask, an index) stays queued in a tracer, but reads as the array JAX
+    gives there: NumPy conversion, tolist/tobytes, printing, pickling, and
+    use after grad returned (NOTE [escaped tracers]). A differentiated
+    value still refuses NumPy, which would lose its derivative, and still
+    cannot be used after grad returned."""
+    import pickle
 
-    def f(x):
-        mask, i = x > 0.2, fnp.argmax(x)
-        seen.update(np=np.asarray(mask), tolist=mask.tolist(), bytes=mask.tobytes(),
-                    str=str(mask), repr=repr(mask), fmt=f"{i:d}", item=[1, 2, 3, 4][i])
+    seen, kept = {}, []
+    rows = jnp.asarray(rng.uniform(-1, 1, (4, 3)))
+
+    def f(w):
+        h = rows * w[None, :]
+        masks = fx.vmap(lambda r: r > 0.2)(h)  # computed by the rules of vmap, inside grad
+        index = fx.vmap(fnp.argmax)(h)
+        seen.update(np=np.asarray(masks), tolist=masks.tolist(), bytes=masks.tobytes(),
+                    str=str(masks), repr=repr(masks), fmt=f"{index}", pickled=pickle.dumps(masks),
+                    queued=not isinstance(masks, type(rows)))
+        kept.extend([masks, index, h])
         with pytest.raises(fx.FunctxError):
-            np.asarray(x * 2)
-        return fnp.sum(fnp.where(mask, x ** 2, x))
+            np.asarray(h)
+        return fnp.sum(fnp.where(masks, h ** 2, h))
 
-    x = jnp.asarray([0.1, 0.5, 0.3, 0.9])
+    w = jnp.asarray([1.0, -0.5, 2.0])
     g = fx.grad(f)
-    _warm(g, x)
-    got = g(x)
-    mask = x > 0.2
-    assert seen == dict(np=seen["np"], tolist=mask.tolist(), bytes=mask.tobytes(), str=str(mask),
-                        repr=repr(mask), fmt="3", item=4)
-    np.testing.assert_array_equal(seen["np"], np.asarray(mask))
-    np.testing.assert_allclose(np.asarray(got),
-                               np.asarray(jax.grad(lambda x: jnp.sum(jnp.where(mask, x ** 2, x)))(x)))
+    _warm(g, w, calls=6)
+    got = g(w)
+    h = rows * w[None, :]
+    masks, index = h > 0.2, jnp.argmax(h, axis=1)
+    assert seen["queued"], "the inner vmap's mask was not a queued value: nothing tested"
+    assert {k: v for k, v in seen.items() if k not in ("np", "queued")} == dict(
+        tolist=masks.tolist(), bytes=masks.tobytes(), str=str(masks), repr=repr(masks),
+        fmt=f"{index}", pickled=seen["pickled"])
+    np.testing.assert_array_equal(seen["np"], np.asarray(masks))
+    np.testing.assert_array_equal(np.asarray(pickle.loads(seen["pickled"])), np.asarray(masks))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(
+        jax.grad(lambda w: jnp.sum(jnp.where(masks, (rows * w[None]) ** 2, rows * w[None])))(w)))
+    # kept past grad's return: the values with no derivative are their arrays
+    kept_masks, kept_index, kept_h = kept[-3:]
+    assert int(fnp.sum(kept_masks)) == int(jnp.sum(kept_masks)) == int(np.sum(np.asarray(masks)))
+    assert bool(kept_masks[0, 0]) == bool(masks[0, 0]) and int(kept_index[1]) == int(index[1])
+    assert [10, 20, 30][kept_index[0]] == [10, 20, 30][int(index[0])]
+    with pytest.raises(fx.EscapedTracerError):
+        fnp.sum(kept_h)
 
 
 def test_a_callback_runs_where_the_program_reaches_it():

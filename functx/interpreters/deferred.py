@@ -21,11 +21,15 @@ Later steps take Pendings as inputs. The queue is run (`flush`) when:
 * the queue holds `MAX_STEPS` steps.
 
 Reverse mode's outputs with no tangent (a comparison such as relu's mask,
-an integer) stay queued too: the interpreter boxes them in a tracer with a
-symbolic Zero tangent, which its steps read as not differentiated, so the
-Pending never reaches code that expects an array. Python numbers a step
-reads (a jitted JAX function's scalar argument) are program inputs, like
-arrays.
+an integer) computed for the rules of transforms above it (vmap's, an inner
+grad's: MAML's inner steps) stay queued too: the interpreter boxes them in
+a tracer with a symbolic Zero tangent, which its steps read as not
+differentiated, so the Pending never reaches code that expects an array.
+Such a tracer reads as its array (NumPy, printing, pickling, `tolist`) and
+is its array after the transform returned (NOTE [escaped tracers] in
+core.py). The user's own operations on the top transform's values give the
+array at once, as in JAX. Python numbers a step reads (a jitted JAX
+function's scalar argument) are program inputs, like arrays.
 
 A flush runs every queued step, in order. The queue's structure (the steps,
 how their inputs connect, the avals of the concrete inputs, and which

@@ -126,6 +126,16 @@ class ReverseTracer(JVPTracer):
             return format(self.primal, spec)
         return super().__format__(spec)
 
+    def value_after_exit(self):  # NOTE [escaped tracers]
+        if type(_raw_tangent(self)) is Zero:
+            return self.primal
+        return super().value_after_exit()
+
+    def __reduce__(self):
+        if type(_raw_tangent(self)) is Zero:
+            return self.primal.__reduce__()
+        return super().__reduce__()
+
     def __getattr__(self, name):  # only for names the class does not define
         try:
             no_derivative = type(_raw_tangent(self)) is Zero
@@ -294,16 +304,26 @@ class ReverseInterpreter(JVPInterpreter):
                 live = [t for t, d in zip(tangents, differentiated) if d]
                 out_tangents = iter(self.tape.inline(
                     split.tangent, split.residuals(primals, outs) + live))
-                # An output with no tangent (a comparison, an integer) stays
-                # queued inside a tracer with a Zero tangent: returned bare, a
-                # Pending would reach code that needs an array.
                 boxed = [self.box(o, next(out_tangents)) if nz
-                         else (ReverseTracer(self, o, Zero(o.faval)) if type(o) is Pending else o)
+                         else (self._no_derivative(o) if type(o) is Pending else o)
                          for o, nz in zip(outs[:split.n_out], split.out_nonzero)]
                 return boxed if prim.multiple_results else boxed[0]
         if pending:
             primals = values(primals)
         return self.apply_rule(prim, primals, tangents, params)
+
+    def _no_derivative(self, pending):
+        """A queued output with no tangent (a comparison, an integer).
+
+        For a rule of a transform above this one (relu's mask inside
+        `vmap(grad)`, MAML's inner steps) it stays queued, inside a tracer
+        with a Zero tangent: returned bare, a Pending would reach code that
+        needs an array. The user's own operations on this transform's
+        values (it is the top of the stack) get the array, as in JAX: a
+        value they may keep after the transform returns."""
+        if self.level < len(_core_state.stack):
+            return ReverseTracer(self, pending, Zero(pending.faval))
+        return pending.force()
 
     def release(self):
         # The tape and this interpreter refer to each other; dropping the
