@@ -316,7 +316,7 @@ class ReverseInterpreter(JVPInterpreter):
         """A queued output with no tangent (a comparison, an integer).
 
         For a rule of a transform above this one (relu's mask inside
-        `vmap(grad)`, MAML's inner steps) it stays queued, inside a tracer
+        `grad(vmap(f))`, MAML's inner steps) it stays queued, inside a tracer
         with a Zero tangent: returned bare, a Pending would reach code that
         needs an array. The user's own operations on this transform's
         values (it is the top of the stack) get the array, as in JAX: a
