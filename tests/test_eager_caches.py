@@ -367,6 +367,41 @@ def test_a_jitted_jax_function_through_functx_numpy_is_one_call_eagerly():
     assert any("functx_graph" in n for n in names), names
 
 
+def test_one_equation_is_not_compiled_again_as_a_backward_pass_or_a_queue_program():
+    """`grad(jit(f))` (a new jit wrapper every call, as in a loop): the tape
+    is one `jit_call` and the deferred queue one step of one. Each is one
+    dispatch already, so neither a compiled backward pass nor a queue
+    program is built for them: those compilations (hundreds of ms on the
+    compile thread) ran beside calls 3-9 and slowed them 2-4x."""
+    import logging
+
+    names = []
+
+    class Listen(logging.Handler):
+        def emit(self, record):
+            names.append(record.getMessage())
+
+    def f(np_):
+        return lambda w: np_.sum(np_.tanh(W @ w) ** 2)
+
+    expected = jax.grad(jax.jit(f(jnp)))(X)
+    g = f(fnp)
+    handler = Listen()
+    was = fx.config.read("log_compiles")
+    logging.getLogger("functx").addHandler(handler)
+    fx.config.update("log_compiles", True)
+    try:
+        for _ in range(6):
+            out = fx.grad(fx.jit(g))(X)
+            caches.wait_for_compiles()
+            np.testing.assert_allclose(out, expected, rtol=1e-12)
+    finally:
+        fx.config.update("log_compiles", was)
+        logging.getLogger("functx").removeHandler(handler)
+    again = [n for n in names if "functx_backward" in n or "functx_deferred" in n]
+    assert not again, again
+
+
 def test_a_build_no_lookup_asked_for_lately_is_dropped_not_compiled():
     """While the compile thread is behind, a pending build whose key no
     lookup has asked for in the last `stale_after` lookups is dropped when

@@ -31,7 +31,9 @@ core.py). The user's own operations on the top transform's values give the
 array at once, as in JAX. Python numbers a step reads (a jitted JAX
 function's scalar argument) are program inputs, like arrays.
 
-A flush runs every queued step, in order. The queue's structure (the steps,
+A flush runs every queued step, in order (a queue of one step of one
+equation, e.g. `grad(jit(f))`'s forward `jit_call`, simply runs it: a
+program of it would be the same dispatch). The queue's structure (the steps,
 how their inputs connect, the avals of the concrete inputs, and which
 outputs are still referenced: the queue holds its Pendings weakly) is the
 key of a `RepeatCache`: the second time a structure is flushed, the steps
@@ -236,12 +238,14 @@ class Queue:
         inputs, outs = self.inputs, self.outs
         self.steps, self.inputs, self.outs, self.index = [], [], [], {}
         live = [r() for r in outs]
-        mask = tuple(p is not None for p in live)
-        key = (tuple(steps), jax_avals(inputs), mask)
-        try:
-            program = _programs.get(key, lambda: _build(steps, inputs, mask))
-        except TypeError:  # unhashable step parameters
-            program = None
+        program = None
+        if len(steps) > 1 or len(steps[0][0].graph.eqns) > 1:  # else one dispatch already
+            mask = tuple(p is not None for p in live)
+            key = (tuple(steps), jax_avals(inputs), mask)
+            try:
+                program = _programs.get(key, lambda: _build(steps, inputs, mask))
+            except TypeError:  # unhashable step parameters
+                pass
         if program is not None:
             _assign([p for p in live if p is not None], program(*inputs))
             return

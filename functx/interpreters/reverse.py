@@ -33,6 +33,9 @@ Python around it. Two caches cut the dispatches of eager reverse mode:
 * a *compiled backward pass*: a tape whose structure (equations, avals,
   which values are constants) was already transposed twice is transposed by
   one compiled program taking its constants and cotangents as arguments.
+  Not a tape of one equation (`grad(jit(f))`'s single `jit_call`): its
+  transpose is one program already, and compiling it again would only cost
+  a compilation beside the user's calls.
 
 Both only engage on concrete arrays (not under an enclosing transform or
 jax.jit, where the program is staged anyway) and only for what repeats, so
@@ -415,6 +418,8 @@ def compiled_backward(graph, cts):
     one staged `jit_call` on the values of enclosing eager transforms (NOTE
     [staged backward passes]). None when it should run primitive by
     primitive."""
+    if len(graph.eqns) < 2:  # one transposed equation is one dispatch already
+        return None
     concrete = True
     for c in cts:
         t = type(c)
