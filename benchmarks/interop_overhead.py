@@ -1,6 +1,7 @@
 """What importing functx costs plain JAX code (NOTE [JAX on functx values]
 in functx/interop.py: functx wraps `Primitive.bind`, `custom_jvp/vjp`
-calls, `lax.asarray` and jit's Python path).
+calls, `lax.asarray`, jit's Python path and the binary operators of JAX's
+arrays).
 
 Two tables:
 1. In one process, each hooked JAX entry point against the function it
@@ -73,6 +74,7 @@ cases = {
     "custom_jvp call (jax.nn.relu)": (lambda: jax.nn.relu(x),
                                       lambda: cd.custom_jvp.__call__.__wrapped__(jax.nn.relu, x)),
     "lax.asarray": (lambda: lax_module.asarray(x), lambda: lax_module.asarray.__wrapped__(x)),
+    "jax.Array operator (x * y)": (lambda: x * y, lambda: type(x).__mul__.__wrapped__(x, y)),
 }
 def per_call(f, n=300):
     t = time.perf_counter()

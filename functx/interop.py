@@ -29,6 +29,13 @@ one:
   so the custom rule reaches the functx transforms below.
 * A bind without functx values costs one scan of its operands for functx
   tracers before JAX's own bind.
+* A binary operator with a JAX array on the left and a functx value on the
+  right (`x @ w`, `y * logp`: data times parameters) defers to the functx
+  value's reflected operator, as NumPy's operators do: JAX's operator would
+  take the same functx.numpy function the long way (its jitted ufunc, a
+  trace-cache miss, the jit hook above), at twice the Python per operation,
+  and JAX's `x ** v` asks the exponent for a Python number (a batched one
+  has none).
 
 What stays refused: converting a functx value to NumPy (`np.asarray`,
 `__array__`), which would silently drop its derivative, and functx's
@@ -342,6 +349,27 @@ def _closes_over_functx(params):
     return False
 
 
+# the operators of jax.Array whose reflected form a functx value defines
+# (functx._array_api): Python then calls that one
+_DEFERRING_OPERATORS = tuple(
+    f"__{name}__" for name in (
+        "add", "sub", "mul", "truediv", "floordiv", "mod", "matmul", "and", "or", "xor",
+        "lshift", "rshift", "divmod", "pow", "eq", "ne", "lt", "le", "gt", "ge"))
+
+
+def _defer_to_functx(operator):
+    def deferring(self, other):
+        if type(other) in TRACER_TYPES:
+            return NotImplemented
+        return operator(self, other)
+
+    deferring.__name__ = operator.__name__
+    deferring.__qualname__ = getattr(operator, "__qualname__", operator.__name__)
+    deferring.__doc__ = operator.__doc__
+    deferring.__wrapped__ = operator
+    return deferring
+
+
 def install():
     """Install the hooks (once: this module runs it when functx is imported)."""
     jax_bind = jcore.Primitive.bind
@@ -386,6 +414,17 @@ def install():
 
         jdtypes.canonicalize_value_handlers[Tracer] = lambda x: x
         jdtypes.canonicalize_value_handlers[ImperativeValue] = _refuse
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
+        pass
+
+    # JAX arrays' binary operators defer to functx values (NOTE above).
+    try:
+        from jax._src.array import ArrayImpl
+
+        for name in _DEFERRING_OPERATORS:
+            original = ArrayImpl.__dict__.get(name)
+            if original is not None:
+                setattr(ArrayImpl, name, _defer_to_functx(original))
     except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
         pass
 

@@ -366,6 +366,42 @@ def test_jax_jit_functions_run_as_one_call_eagerly(monkeypatch):
 
 
 @pytest.mark.slow
+def test_jax_array_operators_defer_to_functx_values(monkeypatch):
+    """NOTE [JAX on functx values]: `x @ w` with a JAX array `x` on the left
+    and a functx value `w` on the right takes the functx value's reflected
+    operator, as NumPy's operators do, not JAX's operator through its
+    jitted ufunc and the jit hook (twice the Python per operation; JAX's
+    `x ** v` asked a batched exponent for a Python number and raised); every
+    operator gives JAX's values, derivatives and dtypes."""
+    import operator
+
+    from functx import interop
+
+    x = jnp.array([0.5, 1.0, 2.0])
+    m = jnp.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]])
+    w = jnp.array([0.75, -1.25, 2.5])
+    arithmetic = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow,
+                  operator.floordiv, operator.mod]
+    comparisons = [operator.lt, operator.le, operator.gt, operator.ge, operator.eq,
+                   operator.ne]
+    translated = []
+    bind_jax = interop.bind_jax
+    monkeypatch.setattr(interop, "bind_jax",
+                        lambda *a: translated.append(a[0].name) or bind_jax(*a))
+    for op in arithmetic + comparisons:
+        got = fx.vmap(lambda v, op=op: op(x, v))(jnp.stack([w, w + 1.0]))
+        want = jax.vmap(lambda v, op=op: op(x, v))(jnp.stack([w, w + 1.0]))
+        assert got.dtype == want.dtype and close(got, want), op
+    got = fx.vmap(lambda v: m @ v)(jnp.stack([w, w + 1.0]))
+    assert close(got, jax.vmap(lambda v: m @ v)(jnp.stack([w, w + 1.0])))
+    assert translated == [], translated
+    for op in arithmetic[:5]:
+        loss = lambda v, op=op: jnp.sum(op(jnp.abs(x) + 1.0, v) ** 2)
+        assert close(fx.grad(loss)(w), jax.grad(loss)(w)), op
+    loss = lambda v: jnp.sum(jnp.tanh(m @ v)) * jnp.sum(divmod(x, v)[1])
+    assert close(fx.grad(loss)(w), jax.grad(loss)(w))
+
+
 def test_a_transpose_jax_has_is_borrowed_for_functx_primitives(monkeypatch):
     """A library may register a JAX transpose rule JAX lacks (lineax does so
     for stop_gradient, applied to tangents in its own jvp rules): functx's
