@@ -15,6 +15,7 @@ if "XLA_FLAGS" not in os.environ:
     os.environ["XLA_FLAGS"] = xla_options.env_flags()
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -76,6 +77,39 @@ _TESTS = pathlib.Path(__file__).parent
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m/-k deselect: this sees every collected test
+class HeldCompiles:
+    """Stands in for functx's compile thread: compilations wait until
+    `release()` runs them (in the thread's order: priority, then
+    submission)."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, priority):
+        from concurrent.futures import Future
+
+        future = Future()
+        self.jobs.append((priority, len(self.jobs), fn, future))
+        return future
+
+    def release(self):
+        for _, _, fn, future in sorted(self.jobs, key=lambda job: job[:2]):
+            future.set_result(fn())
+        self.jobs.clear()
+
+
+@pytest.fixture
+def held_compiles(monkeypatch):
+    """The compile thread held: builds submitted during the test wait for
+    `held_compiles.release()`."""
+    from functx import caches
+
+    caches.wait_for_compiles()
+    held = HeldCompiles()
+    monkeypatch.setattr(caches, "_executor", held)
+    return held
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SLOW_ELSEWHERE):

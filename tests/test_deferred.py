@@ -156,6 +156,54 @@ def test_an_output_with_no_tangent_stays_queued(monkeypatch):
         assert aux["any"] == bool(np.any(np.asarray(mask_of(x))))
 
 
+def test_a_gradient_runs_forward_and_backward_as_one_program(monkeypatch, request):
+    """NOTE [one program per gradient] in interpreters/reverse.py: a warm
+    plain `grad` queues its backward pass behind the forward steps, so a
+    call runs one program (it ran two: the forward queue, then the compiled
+    backward pass). The transpose is staged on the compile thread from one
+    call's tape while that call transposes equation by equation; it must
+    map the tape's queued constants to inputs, never keep that call's
+    values: here the compile thread is held until the call is over, and
+    later calls with other inputs (and a branch that runs the queue
+    mid-way) still equal JAX's gradients, bit for bit equal to the
+    equation-by-equation path."""
+    from functx.interpreters import reverse
+
+    def f(np_):
+        def loss(w, x):
+            h = np_.tanh(w @ x) * 2.0
+            return np_.sum(np_.exp(-h ** 2) * np_.sin(x[:1] * w[:, 0]))
+        return loss
+
+    w = jnp.asarray(rng.uniform(-1, 1, (5, 4)))  # avals no other test uses
+    g = fx.grad(f(fnp))
+    first = _bits(g(w, XS[0]))  # first sightings: equation by equation
+    caches.wait_for_compiles()
+    for _ in range(2):  # the fused steps land; the tape's structure is counted once
+        assert _bits(g(w, XS[0])) == first
+        caches.wait_for_compiles()
+    held = request.getfixturevalue("held_compiles")
+    assert _bits(g(w, XS[0])) == first  # its transpose is handed to the compile thread
+    assert reverse._staged.pending, "the transpose was not handed to the compile thread"
+    held.release()  # the build runs now, after the call whose tape it reads
+    monkeypatch.undo()
+    _warm(g, w, XS[1], calls=6)
+    runs, backward_programs = [], []
+    flush, compiled_backward = deferred.Queue.flush, reverse.compiled_backward
+    monkeypatch.setattr(deferred.Queue, "flush",
+                        lambda q: (runs.append(len(q.steps)) if q.steps else None, flush(q))[1])
+    monkeypatch.setattr(reverse, "compiled_backward",
+                        lambda *a: backward_programs.append(a) or compiled_backward(*a))
+    for x in (XS[0], XS[2], -XS[1]):
+        runs.clear()
+        got = g(w, x)
+        assert len(runs) == 1, f"a warm grad ran its queue {len(runs)} times: {runs}"
+        assert not backward_programs, "the backward pass ran as a program of its own"
+        np.testing.assert_allclose(np.asarray(got), np.asarray(jax.grad(f(jnp))(w, x)),
+                                   rtol=1e-12)
+    assert _bits(g(w, XS[0])) == first
+
+
 def test_a_value_with_no_derivative_behaves_as_its_array():
     """Inside grad, the result of an inner vmap that has no derivative (a
     mask, an index) stays queued in a tracer, but reads as the array JAX

@@ -105,42 +105,21 @@ def test_repeated_vmaps_equal_jax_before_and_after_batched_steps_engage():
 # NOTE [bounded caches]: compiled off the calling thread, bounded, weak
 
 
-class _HeldExecutor:
-    """Stands in for the compile thread: compilations wait until released."""
-
-    def __init__(self):
-        self.jobs = []
-
-    def submit(self, fn, priority):
-        from concurrent.futures import Future
-
-        future = Future()
-        self.jobs.append((priority, len(self.jobs), fn, future))
-        return future
-
-    def release(self):
-        for _, _, fn, future in sorted(self.jobs, key=lambda job: job[:2]):
-            future.set_result(fn())
-        self.jobs.clear()
-
-
 def _bits(tree):
     return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
 
 
-def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch):
+def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch, held_compiles):
     """While the fused steps, batched steps and compiled backward passes
     are compiling, calls take the per-primitive path; once they are ready
     the cached path runs. Every call's result is identical, bit for bit,
     and equal to JAX's."""
-    caches.wait_for_compiles()
     for cache in (reverse._fused, reverse._backward):  # other tests' finished builds
         cache._collect()
     earlier = len(reverse._fused.pending) + len(reverse._backward.pending)
     deferred._programs.clear()
     switch = sys.getswitchinterval()
-    held = _HeldExecutor()
-    monkeypatch.setattr(caches, "_executor", held)
+    held = held_compiles
     w = W * 1.2345  # avals/values no other test uses, so nothing is cached yet
     xs = jnp.asarray(rng.uniform(-1, 1, (6, 5)))
 

@@ -17,7 +17,9 @@ Later steps take Pendings as inputs. The queue is run (`flush`) when:
   (vmap) anywhere but in the interpreter's own step path forces it -- a
   rule that needs concrete operands, Python control flow on a value, a
   printout, a transform's outputs, an unbatched output of vmap;
-* reverse mode's tape is turned into its linear map (its residuals);
+* reverse mode's tape is turned into its linear map (its residuals),
+  except for a plain `grad`, whose backward pass joins the queue once its
+  transpose is staged (NOTE [one program per gradient] in reverse.py);
 * the queue holds `MAX_STEPS` steps.
 
 Reverse mode's outputs with no tangent (a comparison such as relu's mask,

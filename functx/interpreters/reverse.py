@@ -315,6 +315,13 @@ class ReverseInterpreter(JVPInterpreter):
             primals = values(primals)
         return self.apply_rule(prim, primals, tangents, params)
 
+    def raw_primal(self, x):
+        """The primal of `x` seen from this level, still queued if it is
+        (NOTE [one program per gradient])."""
+        if type(x) is ReverseTracer and x._interp is self:
+            return _raw_primal(x)
+        return check_usable(x)  # NOTE [escaped tracers]
+
     def _no_derivative(self, pending):
         """A queued output with no tangent (a comparison, an integer).
 
@@ -334,14 +341,18 @@ class ReverseInterpreter(JVPInterpreter):
         # the residuals now rather than at the next garbage collection.
         self.tape.eqns = []
 
-    def linear_map(self, inputs, outputs):
+    def linear_map(self, inputs, outputs, queued=False):
         """The tape as a `LinearMap` from the tangents of `inputs` (this
         interpreter's tracers) to those of `outputs` (symbolic zeros where an
-        output does not depend on the inputs)."""
-        self.queue.flush()  # NOTE [deferred eager steps]: the residuals on the tape
-        for c in self.tape.pending_consts:
-            c.value = c.value.force()
+        output does not depend on the inputs). With `queued`, residuals still
+        queued stay so (NOTE [one program per gradient]): the map runs the
+        queue before anything but a backward pass queued behind them."""
+        pending = self.tape.pending_consts
         self.tape.pending_consts = []
+        if not (queued and _core.eager_hook is None and not tape_observers):
+            self.queue.flush()  # NOTE [deferred eager steps]: the residuals on the tape
+            _resolve(pending)
+            pending = None
         live = []
         zero_avals = []
         for o in outputs:
@@ -351,7 +362,27 @@ class ReverseInterpreter(JVPInterpreter):
             else:
                 zero_avals.append(aval_of(check_usable(o)))  # NOTE [escaped tracers]
         graph = dce(self.tape.graph([x.tangent for x in inputs], live))
-        return LinearMap(graph, zero_avals, self.tape.prepare)
+        return LinearMap(graph, zero_avals, self.tape.prepare, pending or None)
+
+
+def _resolve(consts):
+    """Give the tape constants that hold queued values their arrays."""
+    for c in consts or ():
+        if type(c.value) is Pending:
+            c.value = c.value.force()
+
+
+def _with_values(graph):
+    """`graph` with its constants that hold queued values replaced by
+    constants of their arrays (running the queue); `graph` is unchanged."""
+    def resolved(x):
+        if type(x) is Const and type(x.value) is Pending:
+            return Const(x.value.force(), x.aval)
+        return x
+
+    eqns = [Eqn(e.prim, [resolved(x) for x in e.inputs], e.outputs, e.params)
+            for e in graph.eqns]
+    return Graph(graph.inputs, eqns, [resolved(x) for x in graph.outputs])
 
 
 class FusedStep:
@@ -427,33 +458,19 @@ def compiled_backward(graph, cts):
             if t not in TRACER_TYPES:
                 return None
             concrete = False
-    index = {v: i for i, v in enumerate(graph.inputs)}
-    consts, sig = [], []
-    for eqn in graph.eqns:
-        ins = []
-        for x in eqn.inputs:
-            if type(x) is Var:
-                ins.append(index[x])
-            else:
-                v = x.value
-                t = type(v)
-                if t is ArrayImpl or t in CONSTANT_TYPES:
-                    ins.append(-1 - len(consts))
-                    consts.append(v)
-                elif t in TRACER_TYPES:
-                    ins.append(-1 - len(consts))
-                    consts.append(v)
-                    concrete = False
-                elif t in (int, float, bool):
-                    ins.append((v, t))
-                else:
-                    return None
-        for o in eqn.outputs:
-            index[o] = len(index)
-        sig.append((eqn.prim, tuple(eqn.params.items()), tuple(ins)))
-        if not concrete and eqn.prim.effectful:
+    found = _tape_signature(graph)
+    if found is None:
+        return None
+    consts, sig, index = found
+    for c in consts:
+        t = type(c)
+        if t is Pending:  # NOTE [one program per gradient]: read through _with_values
             return None
+        if t in TRACER_TYPES:
+            concrete = False
     if not concrete:
+        if any(eqn.prim.effectful for eqn in graph.eqns):
+            return None
         return _staged_backward(graph, consts, cts, sig, index)
     try:
         outs = tuple(index[x] for x in graph.outputs)
@@ -466,6 +483,106 @@ def compiled_backward(graph, cts):
         return None
     out = transpose(consts, list(cts))
     return [Zero(v.aval) if c is None else c for v, c in zip(graph.inputs, out)]
+
+
+def _tape_signature(graph):
+    """A tape's structure, for the keys of the backward caches: `(consts,
+    sig, index)`: its constants in order of use (arrays, JAX's scalar
+    constants, tracers of enclosing transforms, queued values), per
+    equation its primitive, parameters and inputs (input numbers, constant
+    positions, Python numbers by value), and the numbering of its
+    variables. None for a constant of any other kind."""
+    index = {v: i for i, v in enumerate(graph.inputs)}
+    consts, sig = [], []
+    for eqn in graph.eqns:
+        ins = []
+        for x in eqn.inputs:
+            if type(x) is Var:
+                ins.append(index[x])
+                continue
+            v = x.value
+            t = type(v)
+            if t is ArrayImpl or t in CONSTANT_TYPES or t in TRACER_TYPES or t is Pending:
+                ins.append(-1 - len(consts))
+                consts.append(v)
+            elif t in (int, float, bool):
+                ins.append((v, t))
+            else:
+                return None
+        for o in eqn.outputs:
+            index[o] = len(index)
+        sig.append((eqn.prim, tuple(eqn.params.items()), tuple(ins)))
+    return consts, sig, index
+
+
+# NOTE [one program per gradient]
+# A plain `grad` on arrays ran two programs per call: the queue of forward
+# steps (run when the tape became its linear map, for the residuals) and
+# the compiled backward pass. `grad` asks for the linear map with its
+# residuals still queued (`linear_map(queued=True)`), and once the tape's
+# structure has a staged transpose (the `_staged` cache of NOTE [staged
+# backward passes], built on the compile thread) the backward pass is one
+# more step of the same queue, on the queued residuals and the concrete
+# cotangents: the forward and backward passes run as one compiled program
+# (the gradients and the value are its outputs; residuals no one holds stay
+# inside it). Anything else that reads the map (`forward`, tape hooks,
+# anomaly checks, the profiler) runs the queue first, as before; while the
+# transpose is being staged the backward pass runs equation by equation
+# (compiling no backward program that the queued step would replace). The
+# staging maps the tape's constants to inputs by identity, on the compile
+# thread, possibly after the call: so reading the map never swaps a queued
+# constant for its array in place, it copies the graph (`_with_values`).
+# A tape of one equation stays out (its transpose is one dispatch: NOTE
+# [eager reverse mode in few dispatches]). `vjp`, `jacrev` and `linearize`
+# keep the flushed map: their maps outlive the call, and a queued value a
+# user holds would keep the whole queue's inputs alive.
+
+
+NOT_YET = object()  # queued_backward: the transpose is being staged
+
+
+def queued_backward(graph, cts):
+    """The backward pass as a step queued behind the forward steps whose
+    outputs `graph` holds as constants; `NOT_YET` while its transpose is
+    being staged (the caller transposes equation by equation meanwhile,
+    compiling no backward program that this step would replace); None
+    where it does not apply (nothing queued, a constant that is neither an
+    array nor queued, a cotangent that is not an array, a transpose that
+    could not be staged, a tape of one equation: NOTE [eager reverse mode
+    in few dispatches])."""
+    if _core.eager_hook is not None or len(graph.eqns) < 2:
+        return None
+    for c in cts:
+        if type(c) is not ArrayImpl:
+            return None
+    found = _tape_signature(graph)
+    if found is None:
+        return None
+    consts, sig, index = found
+    queue = None
+    for c in consts:  # queued values stay the objects the graph holds: `_template` maps them
+        t = type(c)
+        if t is Pending:
+            if c.value is not None:  # run already (a flush mid-way): an input like an array
+                continue
+            if queue is None:
+                queue = c.queue
+            elif c.queue is not queue:
+                return None
+        elif t in TRACER_TYPES:
+            return None
+    if queue is None or any(eqn.prim.effectful for eqn in graph.eqns):
+        return None
+    staged = _staged_transpose(graph, consts, cts, sig, index)
+    if staged is None or staged is NOT_YET:
+        return staged
+    transposed, in_nonzero = staged
+    step = transposed.cache.get("queued step")
+    if step is None:
+        step = transposed.cache["queued step"] = StepOutputs(
+            lambda *args: eval_graph(transposed, args), transposed)
+    outs = iter(queue.defer(step, consts + list(cts)) if any(in_nonzero) else ())
+    return [next(outs) if nz else Zero(v.aval) for v, nz in zip(graph.inputs, in_nonzero)]
 
 
 def _template(graph, consts, avals=None):
@@ -541,10 +658,10 @@ def _all_eager():
 _call_module = None
 
 
-def _staged_backward(graph, consts, cts, sig, index):
-    global _call_module
-    if _core.eager_hook is not None or not _all_eager():
-        return None
+def _staged_transpose(graph, consts, cts, sig, index):
+    """The tape's transpose as a staged graph, `(graph, which inputs get a
+    cotangent)`, once its structure repeats; `NOT_YET` while the compile
+    thread stages it; None where it cannot be staged."""
     const_avals = [input_aval(c) for c in consts]
     try:
         outs = tuple(index[x] for x in graph.outputs)
@@ -553,7 +670,17 @@ def _staged_backward(graph, consts, cts, sig, index):
         staged = _staged.get(key, lambda: _stage_backward(graph, consts, const_avals, len(cts)))
     except (KeyError, TypeError):  # a constant output, unhashable parameters
         return None
-    if staged is None:
+    if staged is None:  # declined for good, or not staged yet
+        return None if key in _staged.entries else NOT_YET
+    return staged
+
+
+def _staged_backward(graph, consts, cts, sig, index):
+    global _call_module
+    if _core.eager_hook is not None or not _all_eager():
+        return None
+    staged = _staged_transpose(graph, consts, cts, sig, index)
+    if staged is None or staged is NOT_YET:
         return None
     transposed, in_nonzero = staged
     if _call_module is None:
@@ -585,14 +712,22 @@ class LinearMap:
     """A linear function recorded by reverse mode: a graph plus the outputs
     that are symbolic zeros (`zero_avals[i]` is their Aval, else None)."""
 
-    __slots__ = ("graph", "zero_avals", "prepare")
+    __slots__ = ("graph", "zero_avals", "prepare", "pending")
 
-    def __init__(self, graph, zero_avals, prepare=None):
+    def __init__(self, graph, zero_avals, prepare=None, pending=None):
         self.graph = graph
         self.zero_avals = zero_avals
         self.prepare = prepare  # NOTE [tape hooks]
+        # constants of `graph` still holding queued values (NOTE [one
+        # program per gradient]); None once resolved
+        self.pending = pending
 
     def _graph(self):
+        if self.pending is not None:
+            # a copy: a transpose may be staging from this graph on the
+            # compile thread, mapping its constants by identity
+            self.graph = _with_values(self.graph)
+            self.pending = None
         return self.graph if self.prepare is None else self.prepare(self.graph)
 
     def forward(self, tangents):
@@ -611,8 +746,16 @@ class LinearMap:
     def _backward(self, cts):
         live = [c for c, z in zip(cts, self.zero_avals, strict=True) if z is None]
         check_tree_usable(live)  # NOTE [escaped tracers]
+        out = None
+        if self.pending is not None and self.prepare is None and backward_check is None:
+            out = queued_backward(self.graph, live)
+            if out is not None and out is not NOT_YET:
+                return out
         graph = self._graph()
-        out = compiled_backward(graph, live) if backward_check is None else None
+        if out is None and backward_check is None:
+            out = compiled_backward(graph, live)
+        else:
+            out = None
         return backward_pass(graph, live) if out is None else out
 
 

@@ -14,6 +14,8 @@ from ..core import (
     new_interpreter,
 )
 from ..errors import FunctxTypeError, FunctxValueError
+from ..interpreters.deferred import input_aval, values
+from ..interpreters.deferred import value as value_of
 from ..interpreters.reverse import ReverseInterpreter
 from ..primitives.common import scalar_constant
 from . import _args
@@ -41,9 +43,12 @@ class ReverseResult:
 
 
 def linearize_reverse(func, primals, has_aux, call, names=None, allow_int=None,
-                      holomorphic=False):
+                      holomorphic=False, queued=False):
     """Run `func(*primals)` recording its linearization (NOTE [reverse mode =
-    jvp + staging + transpose] in interpreters/reverse.py)."""
+    jvp + staging + transpose] in interpreters/reverse.py). With `queued`,
+    the outputs and the map's residuals may still be queued values (NOTE
+    [one program per gradient]): the caller pulls back at once and forces
+    what it returns."""
     names = names or [f"primal {i}" for i in range(len(primals))]
     leaves, in_tree, mask, ints = _args.differentiable_leaves(primals, call, names, allow_int,
                                                               holomorphic)
@@ -56,11 +61,15 @@ def linearize_reverse(func, primals, has_aux, call, names=None, allow_int=None,
         if has_aux:
             out, aux = _args.split_aux(out, call)
         out_flat, r.out_tree = _args.flatten_outputs(out, call)
-        r.linear = interp.linear_map([b for b, m in zip(boxed, mask) if m], out_flat)
-        r.out = [interp.unbox(o)[0] for o in out_flat]
+        r.linear = interp.linear_map([b for b, m in zip(boxed, mask) if m], out_flat,
+                                     queued=queued)
+        if queued:
+            r.out = [interp.raw_primal(o) for o in out_flat]
+        else:
+            r.out = [interp.unbox(o)[0] for o in out_flat]
         if has_aux:
             aux = tree_util.tree_map(lambda x: interp.unbox(x)[0], aux)
-    r.out_avals = [aval_of(o) for o in r.out]
+    r.out_avals = [input_aval(o) for o in r.out]
     r.in_tree = in_tree
     r.mask = mask
     r.ints = [aval_of(x) if i else None for x, i in zip(leaves, ints)]
@@ -288,12 +297,15 @@ def _grad_and_value(func, argnums, has_aux, name, holomorphic, allow_int):
         nums, single = _args.normalize_argnums(argnums, len(args), call)
         diff = tuple(args[i] for i in nums)
         r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
-                              [f"argument {i}" for i in nums], bool(allow_int), holomorphic)
+                              [f"argument {i}" for i in nums], bool(allow_int), holomorphic,
+                              queued=True)
         _scalar_check(r, call, holomorphic)
         one = seed_one(r.out_avals[0])
-        grads = tree_util.tree_unflatten(r.in_tree, with_static(r, pull_back(r, [one])))
+        cts = pull_back(r, [one])
+        r.linear = None  # residuals no one holds stay inside the program (NOTE [one program per gradient])
+        cts, value = values(cts), value_of(r.out[0])
+        grads = tree_util.tree_unflatten(r.in_tree, with_static(r, cts))
         grads = grads[0] if single else tuple(grads)
-        value = r.out[0]
         if has_aux:
             return grads, (value, r.aux)
         return grads, value
