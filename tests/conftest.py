@@ -76,7 +76,6 @@ SLOW_ELSEWHERE = (
 _TESTS = pathlib.Path(__file__).parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m/-k deselect: this sees every collected test
 class HeldCompiles:
     """Stands in for functx's compile thread: compilations wait until
     `release()` runs them (in the thread's order: priority, then
@@ -110,6 +109,7 @@ def held_compiles(monkeypatch):
     return held
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m/-k deselect: this sees every collected test
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SLOW_ELSEWHERE):
