@@ -367,7 +367,7 @@ class ReverseInterpreter(JVPInterpreter):
 
 def _resolve(consts):
     """Give the tape constants that hold queued values their arrays."""
-    for c in consts or ():
+    for c in consts:
         if type(c.value) is Pending:
             c.value = c.value.force()
 
@@ -579,8 +579,7 @@ def queued_backward(graph, cts):
     transposed, in_nonzero = staged
     step = transposed.cache.get("queued step")
     if step is None:
-        step = transposed.cache["queued step"] = StepOutputs(
-            lambda *args: eval_graph(transposed, args), transposed)
+        step = transposed.cache["queued step"] = StepOutputs(_evaluator(transposed), transposed)
     outs = iter(queue.defer(step, consts + list(cts)) if any(in_nonzero) else ())
     return [next(outs) if nz else Zero(v.aval) for v, nz in zip(graph.inputs, in_nonzero)]
 
