@@ -2,7 +2,10 @@
 recorded inside other eager transforms is transposed as one staged
 `jit_call` once its structure repeats. Results equal JAX's and the
 per-equation path's; nothing staged by functx.jit/make_graph changes; the
-cache holds no value of the calls that filled it."""
+cache holds no value of the calls that filled it. NOTE [fused steps above
+another transform] (functx/interpreters/deferred.py): the forward steps of
+such a reverse interpreter are bound as one call each, with the same
+results bit for bit as the jvp rules'."""
 
 import gc
 import weakref
@@ -106,3 +109,49 @@ def test_staged_transpose_holds_no_value_of_a_call():
         for eqn in transposed.eqns:
             for v in eqn.inputs:
                 assert type(getattr(v, "value", None)) not in fx.core.TRACER_TYPES
+
+
+def _bits(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_grad_above_another_transform_binds_its_fused_steps(case, monkeypatch):
+    """Warm, the reverse interpreter above vmap / jvp binds each fused
+    step's primal part as one call instead of running the jvp rule (fewer
+    rules run); the
+    results are those of the rules bit for bit (each call of `fn` taken
+    once with the steps refused, once with them) and equal JAX's."""
+    make, make_jax = CASES[case]
+    fn = make()
+    _warm(fn, W, XS, YS, calls=6)
+    bound = []
+    bind_step = reverse.bind_eager_call
+
+    def spy(graph, args, backward, refuse=False):
+        out = None if refuse and not backward else bind_step(graph, args, backward)
+        if not backward:
+            bound.append(out is not None)
+        return out
+
+    rule_runs = [0]
+    apply_rule = reverse.ReverseInterpreter.apply_rule
+
+    def counted(self, *args):
+        rule_runs[0] += 1
+        return apply_rule(self, *args)
+
+    monkeypatch.setattr(reverse.ReverseInterpreter, "apply_rule", counted)
+    runs = {}
+    for refuse in (True, False, True, False):
+        monkeypatch.setattr(reverse, "bind_eager_call",
+                            lambda g, a, backward, r=refuse: spy(g, a, backward, r))
+        bound.clear()
+        rule_runs[0] = 0
+        out = fn(W, XS, YS)
+        runs.setdefault(refuse, []).append((tuple(_bits(out)), rule_runs[0], any(bound)))
+    assert len({bits for bits, _, _ in runs[True] + runs[False]}) == 1  # bit for bit
+    assert all(steps_bound for _, _, steps_bound in runs[False]), "no step was bound as one call"
+    assert max(n for _, n, _ in runs[False]) < min(n for _, n, _ in runs[True]), runs
+    np.testing.assert_allclose(np.asarray(out), np.asarray(make_jax()(W, XS, YS)),
+                               rtol=1e-11, atol=1e-13)

@@ -62,11 +62,12 @@ import weakref
 import numpy as np
 from jax._src import core as jcore
 
+from .. import core as _core
 from ..caches import RepeatCache
 from ..core import Aval, aval_of
 from ..errors import FunctxError
 from .eval import compile_ahead, compiled
-from .staging import Const, Eqn, Graph, Var
+from .staging import Const, Eqn, Graph, StagingInterpreter, Var
 
 MAX_STEPS = 1024  # steps a queue holds before it runs them
 
@@ -321,3 +322,66 @@ def _build(steps, inputs, mask):
     program = compiled(Graph(in_vars, eqns, outputs), "functx_deferred")
     return program, compile_ahead(program, *avals)
 
+
+
+# NOTE [fused steps above another transform]
+# A fused step (NOTE [eager reverse mode in few dispatches]) is queued only
+# by the lowest interpreter, whose values are arrays. A reverse interpreter
+# above another eager one (the inner `grad` of `vmap(grad(f))`, MAML's
+# inner steps) has the lower interpreter's tracers as primals: there it
+# used to run the primitive's jvp rule in Python, which binds each
+# primitive the rule computes the output and residuals with to the
+# interpreters below, one at a time. Once the fused step is staged, it
+# binds the step's primal part instead, as one `jit_call` named as an eager
+# step (`bind_eager_call`), and copies the tangent part onto its tape as
+# the lowest interpreter does: each interpreter below handles one call (a
+# cached batched graph, a fused step of its own) and the lowest one queues
+# it. Only while every interpreter is eager (nothing staging, no JAX trace
+# around), as for staged backward passes. The graphs the lower
+# interpreters derive from the call (its batch, its jvp) are staged on the
+# compile thread the first time, and that call takes the rule instead
+# (`_derived` in primitives/call.py), so no call stages them on the calling
+# thread. The results are the same as the rule's: the same primitives
+# applied to the same values (tests compare them bit for bit).
+#
+# vmap above another transform keeps its rules: binding its batched step
+# as a call measured no fewer Python calls than the rules (MAML's middle
+# vmap, whose rules are single primitives: the lower interpreter's cost of
+# a call is that of the primitive).
+
+
+def all_eager():
+    """Is every interpreter on the stack eager (none staging, no JAX trace
+    around the stack)?"""
+    stack = _core._state.stack
+    if not stack or type(stack[0].jax_trace) is not jcore.EvalTrace:
+        return False
+    for interp in stack:
+        if isinstance(interp, StagingInterpreter):
+            return False
+    return True
+
+
+_call_module = None
+
+
+def bind_eager_call(graph, args, backward):
+    """`graph` applied to `args` (values of the enclosing eager transforms)
+    as one `jit_call` of an eager backward pass or step (primitives/call.py):
+    its outputs, or None while a graph that those transforms derive from it
+    is being staged on the compile thread (the caller then takes its other
+    path)."""
+    global _call_module
+    if _call_module is None:
+        from ..primitives import call
+
+        _call_module = call
+    call = _call_module
+    was = call.binding_eager(True)
+    try:
+        return _core.bind(call.jit_call, *args, graph=graph,
+                          name=call.EAGER_BACKWARD if backward else call.EAGER_STEP)
+    except call.DerivedGraphNotReady:
+        return None
+    finally:
+        call.binding_eager(was)

@@ -37,17 +37,18 @@ Python around it. Two caches cut the dispatches of eager reverse mode:
   transpose is one program already, and compiling it again would only cost
   a compilation beside the user's calls.
 
-Both only engage on concrete arrays (not under an enclosing transform or
-jax.jit, where the program is staged anyway) and only for what repeats, so
-one-off shapes do not pay for a compilation.
+Both only engage for what repeats, so one-off shapes do not pay for a
+compilation, and not under functx.jit or jax.jit, where the program is
+staged anyway. Under another eager transform a fused step's primal part is
+bound to it as one call (NOTE [fused steps above another transform] in
+deferred.py), and the tape's transpose is staged (NOTE [staged backward
+passes]).
 
 Transpose rule convention: `rule(ct, *args, **params) -> [ct_or_None per
 arg]`, where the linear arguments are `staging.Var`s (`staging.is_linear`)
 and the others are the constant values; `ct` is a list for primitives with
 multiple results (with `Zero` where an output got no cotangent).
 """
-
-from jax._src.core import EvalTrace as _JaxEvalTrace
 
 from .. import core as _core
 from .. import xla_cpu
@@ -56,8 +57,8 @@ from ..core import _ArrayImpl as ArrayImpl
 from ..core import _state as _core_state
 from ..errors import FunctxError
 from ..caches import STAGING, RepeatCache
-from .deferred import (CONSTANT_TYPES, PY_SCALARS, Pending, Queue, StepOutputs, input_aval,
-                       jax_avals, values)
+from .deferred import (CONSTANT_TYPES, PY_SCALARS, Pending, Queue, StepOutputs, all_eager,
+                       bind_eager_call, input_aval, jax_avals, values)
 from .eval import compile_ahead
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
@@ -279,6 +280,7 @@ class ReverseInterpreter(JVPInterpreter):
         primals, tangents, differentiated = [], [], []
         concrete = True
         pending = False
+        other = False  # a primal neither an array nor a functx tracer (a NumPy array)
         for a in args:
             if type(a) is ReverseTracer and a._interp is self:
                 p = _raw_primal(a)
@@ -296,24 +298,38 @@ class ReverseInterpreter(JVPInterpreter):
                     pending = True
                 elif type(p) not in CONSTANT_TYPES and type(p) not in PY_SCALARS:
                     concrete = False
+                    if type(p) not in TRACER_TYPES:
+                        other = True
         if concrete and _core.eager_hook is None and not tape_observers and not prim.effectful:
             # NOTE [deferred eager steps]: not while a hook watches each step (it
             # sees the primitives the rule binds), nor for a callback, which runs
             # when the Python program reaches it
             step = fused_step(prim, params, primals, tuple(differentiated))
             if step is not None:
-                split = step.split
                 outs = self.queue.defer(step.deferred, primals)
-                live = [t for t, d in zip(tangents, differentiated) if d]
-                out_tangents = iter(self.tape.inline(
-                    split.tangent, split.residuals(primals, outs) + live))
-                boxed = [self.box(o, next(out_tangents)) if nz
-                         else (self._no_derivative(o) if type(o) is Pending else o)
-                         for o, nz in zip(outs[:split.n_out], split.out_nonzero)]
-                return boxed if prim.multiple_results else boxed[0]
+                return self._record(prim, step.split, primals, tangents, differentiated, outs)
         if pending:
             primals = values(primals)
+        if (not concrete and not other and _core.eager_hook is None and not tape_observers
+                and not prim.effectful and all_eager()):
+            # NOTE [fused steps above another transform]
+            step = fused_step(prim, params, primals, tuple(differentiated))
+            if step is not None:
+                outs = bind_eager_call(step.split.primal, primals, backward=False)
+                if outs is not None:
+                    return self._record(prim, step.split, primals, tangents, differentiated,
+                                        outs)
         return self.apply_rule(prim, primals, tangents, params)
+
+    def _record(self, prim, split, primals, tangents, differentiated, outs):
+        """The outputs of a fused step, `outs` (its output and residuals),
+        boxed with the tangents its tangent part records on the tape."""
+        live = [t for t, d in zip(tangents, differentiated) if d]
+        out_tangents = iter(self.tape.inline(split.tangent, split.residuals(primals, outs) + live))
+        boxed = [self.box(o, next(out_tangents)) if nz
+                 else (self._no_derivative(o) if type(o) is Pending else o)
+                 for o, nz in zip(outs[:split.n_out], split.out_nonzero)]
+        return boxed if prim.multiple_results else boxed[0]
 
     def raw_primal(self, x):
         """The primal of `x` seen from this level, still queued if it is
@@ -644,19 +660,6 @@ _staged = RepeatCache("staged backward passes", after=1, limit=1024, priority=ST
                           "transpose per tape structure (NOTE [staged backward passes])")
 
 
-def _all_eager():
-    stack = _core_state.stack
-    if not stack or type(stack[0].jax_trace) is not _JaxEvalTrace:
-        return False
-    for interp in stack:
-        if isinstance(interp, StagingInterpreter):
-            return False
-    return True
-
-
-_call_module = None
-
-
 def _staged_transpose(graph, consts, cts, sig, index):
     """The tape's transpose as a staged graph, `(graph, which inputs get a
     cotangent)`, once its structure repeats; `NOT_YET` while the compile
@@ -675,28 +678,19 @@ def _staged_transpose(graph, consts, cts, sig, index):
 
 
 def _staged_backward(graph, consts, cts, sig, index):
-    global _call_module
-    if _core.eager_hook is not None or not _all_eager():
+    if _core.eager_hook is not None or not all_eager():
         return None
     staged = _staged_transpose(graph, consts, cts, sig, index)
     if staged is None or staged is NOT_YET:
         return None
     transposed, in_nonzero = staged
-    if _call_module is None:
-        from ..primitives import call
-
-        _call_module = call
     if not any(in_nonzero):
         outs = iter(())
     else:
-        was = _call_module.binding_backward(True)
-        try:
-            outs = iter(_core.bind(_call_module.jit_call, *consts, *cts, graph=transposed,
-                                   name=_call_module.EAGER_BACKWARD))
-        except _call_module.DerivedGraphNotReady:  # staged on the compile thread meanwhile
+        outs = bind_eager_call(transposed, [*consts, *cts], backward=True)
+        if outs is None:
             return None
-        finally:
-            _call_module.binding_backward(was)
+        outs = iter(outs)
     return [next(outs) if nz else Zero(v.aval) for v, nz in zip(graph.inputs, in_nonzero)]
 
 

@@ -34,35 +34,43 @@ from .common import (
 jit_call = defprim("jit_call", multiple_results=True, cls=GraphCallPrimitive)
 
 
-# The name (and the names derived from it: "vmap(...)", "jvp(...)") of the
-# jit_calls eager reverse mode makes of its own (NOTE [staged backward
-# passes]): they run inside the deferred queue's program, or else primitive
-# by primitive; never compiled alone, which would stall the call that first
+# The names (and the names derived from them: "vmap(...)", "jvp(...)") of
+# the jit_calls eager transforms make of their own: a backward pass (NOTE
+# [staged backward passes]) and a step of a transform above another one
+# (NOTE [fused steps above another transform] in interpreters/reverse.py).
+# They run inside the deferred queue's program, or else primitive by
+# primitive; never compiled alone, which would stall the call that first
 # meets them (NOTE [deferred eager steps]).
 EAGER_BACKWARD = "eager backward"
+EAGER_STEP = "eager step"
 
 
-# The graphs the enclosing transforms derive from an eager backward pass
-# (its batched and differentiated forms) are staged on the compile thread
-# the first time, while the call that met them transposes its tape equation
-# by equation: staging folds the graph's constants (a broadcast zero of a
-# select's transpose, batched to a new batch size) through per-primitive
-# programs, which would otherwise compile on the calling thread, in a call
-# after the first ones -- a call slower than the one before it.
+def is_eager(name):
+    return EAGER_BACKWARD in name or EAGER_STEP in name
+
+
+# The graphs the enclosing transforms derive from such a call (its batched
+# and differentiated forms) are staged on the compile thread the first
+# time, while the call that met them takes the path it would take without
+# it (a backward pass equation by equation, a step by its rule): staging
+# folds the graph's constants (a broadcast zero of a select's transpose,
+# batched to a new batch size) through per-primitive programs, which would
+# otherwise compile on the calling thread, in a call after the first ones
+# -- a call slower than the one before it.
 
 
 class DerivedGraphNotReady(Exception):
-    """Raised through the enclosing interpreters to the `_staged_backward`
-    that bound the pass (interpreters/reverse.py), which then runs the
-    backward pass equation by equation."""
+    """Raised through the enclosing interpreters to the eager transform that
+    bound the call (interpreters/reverse.py), which then runs the backward
+    pass equation by equation, or the step by its rule."""
 
 
-_binding = threading.local()  # .on: inside a staged backward pass's bind on this thread
+_binding = threading.local()  # .on: inside an eager call's bind on this thread
 
 
-def binding_backward(on):
-    """Mark this thread as binding a staged backward pass (or not); returns
-    the previous mark."""
+def binding_eager(on):
+    """Mark this thread as binding an eager transform's own call (or not);
+    returns the previous mark."""
     was = getattr(_binding, "on", False)
     _binding.on = on
     return was
@@ -70,11 +78,11 @@ def binding_backward(on):
 
 def _derived(graph, name, tag, build):
     """`build()` (a graph transform that caches its result on `graph`);
-    for an eager backward pass bound on the calling thread, the first time,
-    `build` is handed to the compile thread and DerivedGraphNotReady
-    raised. A build that failed there is never tried on the calling
-    thread: its backward passes stay equation by equation."""
-    if EAGER_BACKWARD not in name or not caches.BACKGROUND or not getattr(_binding, "on", False):
+    for an eager transform's own call bound on the calling thread, the
+    first time, `build` is handed to the compile thread and
+    DerivedGraphNotReady raised. A build that failed there is never tried
+    on the calling thread: that call keeps taking the other path."""
+    if not is_eager(name) or not caches.BACKGROUND or not getattr(_binding, "on", False):
         return build()
     future = graph.cache.get(tag)
     if future is None:
@@ -85,7 +93,7 @@ def _derived(graph, name, tag, build):
 
 
 def _impl(*args, graph, name):
-    if EAGER_BACKWARD in name:
+    if is_eager(name):
         return eval_graph(graph, args)
     return compiled(graph)(*args)
 
