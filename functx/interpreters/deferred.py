@@ -49,9 +49,17 @@ few programs, not one per step. A dead output is an intermediate the
 program keeps inside, so a flush also needs less memory than running the
 steps one at a time.
 
-Results are the same either way: the combined program applies the same
-primitives to the same values (XLA:CPU does not reassociate floating-point
-arithmetic when it fuses; tests compare the two bit for bit).
+Results are the same either way, with one exception: the combined program
+applies the same primitives to the same values, and XLA:CPU does not
+reassociate floating-point arithmetic when it fuses, but it lets LLVM
+contract a product and a sum that share one fused kernel into a fused
+multiply-add (one rounding instead of two; no option of XLA turns it off).
+So where a product feeds a sum (tanh's derivative `1 - y*y`), a call run
+by the per-primitive programs (the first ones) can differ from one run by
+the combined program in the last bit. The test suite compiles at XLA's
+lowest optimisation level, where LLVM does not contract, and compares the
+paths bit for bit there; `test_deferred.py` records the deviation under
+XLA's default options.
 
 Nothing is deferred while a hook watches the eager steps (the profiler's
 `eager_hook`, reverse mode's tape observers): they see each step run.
