@@ -40,7 +40,10 @@ def test_repeated_grads_equal_jax_before_and_after_the_caches_engage():
         caches.wait_for_compiles()  # NOTE [bounded caches]: compiled off this thread
     fused = [k[0].name for k, v in reverse._fused.entries.items() if isinstance(v, reverse.FusedStep)]
     assert {"tanh", "dot_general", "exp"} <= set(fused)
-    assert any(not isinstance(v, int) for v in reverse._backward.entries.values())
+    # the backward pass: compiled alone, or staged to run in the forward
+    # program (NOTE [one program per gradient]), whichever came first
+    assert (any(not isinstance(v, int) for v in reverse._backward.entries.values())
+            or any(v is not None for v in reverse._staged.entries.values()))
 
 
 def test_cached_backward_with_new_values_and_vjp_cotangents():
@@ -138,10 +141,20 @@ def test_calls_do_not_wait_for_compilation_and_agree_bit_for_bit(monkeypatch, he
     assert pending > earlier and held.jobs
     assert sys.getswitchinterval() == min(switch, caches.SWITCH_INTERVAL)
     held.release()
-    for _ in range(3):  # steps ready: now the deferred runs of them compile
+    # steps ready: now the deferred runs of them compile. Each stage takes a
+    # call or two (a queue program is built on its structure's second
+    # sighting, the structure changes as fused steps, staged backward passes
+    # and the steps above vmap land), so the rounds go on until a combined
+    # program has run, as many as the slowest path needs
+    for _ in range(10):
         assert (_bits(grad_fn(w, X)), _bits(vmapped(w, xs))) == first
         held.release()
+        if deferred._programs.entries and not held.jobs:
+            break
     assert deferred._programs.entries  # NOTE [deferred eager steps]: combined programs ran
+    assert (_bits(grad_fn(w, X)), _bits(vmapped(w, xs))) == first
+    for cache in (reverse._fused, reverse._backward):  # finished, never asked for again
+        cache._collect()
     assert len(reverse._fused.pending) + len(reverse._backward.pending) <= earlier
     assert sys.getswitchinterval() == switch  # restored once the queue is empty
     want = jax.grad(per_sample(jnp))(w, X)
