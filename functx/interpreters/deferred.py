@@ -331,7 +331,6 @@ def _build(steps, inputs, mask):
     return program, compile_ahead(program, *avals)
 
 
-
 # NOTE [fused steps above another transform]
 # A fused step (NOTE [eager reverse mode in few dispatches]) is queued only
 # by the lowest interpreter, whose values are arrays. A reverse interpreter

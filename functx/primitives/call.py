@@ -37,7 +37,7 @@ jit_call = defprim("jit_call", multiple_results=True, cls=GraphCallPrimitive)
 # The names (and the names derived from them: "vmap(...)", "jvp(...)") of
 # the jit_calls eager transforms make of their own: a backward pass (NOTE
 # [staged backward passes]) and a step of a transform above another one
-# (NOTE [fused steps above another transform] in interpreters/reverse.py).
+# (NOTE [fused steps above another transform] in interpreters/deferred.py).
 # They run inside the deferred queue's program, or else primitive by
 # primitive; never compiled alone, which would stall the call that first
 # meets them (NOTE [deferred eager steps]).
@@ -46,6 +46,7 @@ EAGER_STEP = "eager step"
 
 
 def is_eager(name):
+    """Is `name` that of such a call, or derived from one?"""
     return EAGER_BACKWARD in name or EAGER_STEP in name
 
 
