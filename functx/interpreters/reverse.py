@@ -90,6 +90,22 @@ transpose_rules = {}  # Primitive -> rule
 tape_observers = []
 backward_check = None
 
+# NOTE [transposed as if inlined]
+# A cotangent that reaches a variable from several uses is a sum, and its
+# bits depend on the order of the additions. Transposed primitive by
+# primitive, the uses add up in the reverse order of the tape. The calls
+# eager transforms make of their own (a step of a transform above another
+# one, a staged backward pass: `is_eager` in primitives/call.py) hold
+# equations that the rule path records on the tape one by one: transposed
+# as one unit, such a call would first add up the uses inside it and add
+# that partial sum to the others, so a gradient of a gradient would differ
+# in the last bit between the first calls and the later ones. So
+# `backward_pass` inlines those calls (`inlined_calls`: primitive ->
+# `params -> graph to inline, or None`) before it transposes: the additions
+# are those of the rule path, in its order. A user's `functx.jit` is one
+# unit on either path and stays one.
+inlined_calls = {}
+
 
 _primal_slot = JVPTracer.__dict__["primal"]
 _raw_primal = _primal_slot.__get__
@@ -772,6 +788,8 @@ def backward_pass(graph, cts, known=None):
     staged tangent graph) to their values: the equations that depend on
     those alone are evaluated forwards first."""
     env = {}
+    if inlined_calls:
+        graph = _inlined(graph)
     eqns = graph.eqns
     if known:
         known = dict(known)
@@ -822,6 +840,44 @@ def backward_pass(graph, cts, known=None):
             if type(x) is Var and c is not None and type(c) is not Zero:
                 accumulate(x, c)
     return [Zero(v.aval) if (c := env.get(v)) is None else c for v in graph.inputs]
+
+
+def _inlined(graph):
+    """`graph` with the calls of `inlined_calls` replaced by their
+    equations, recursively (NOTE [transposed as if inlined]); `graph`
+    itself when it has none."""
+    if not any(e.prim in inlined_calls and inlined_calls[e.prim](e.params) is not None
+               for e in graph.eqns):
+        return graph
+    subst = {}  # a call's output Var -> what its graph returns there, if not an equation's output
+
+    def put(x):
+        return subst.get(x, x) if type(x) is Var else x
+
+    eqns = []
+    for eqn in graph.eqns:
+        inner = inlined_calls[eqn.prim](eqn.params) if eqn.prim in inlined_calls else None
+        if inner is None:
+            eqns.append(Eqn(eqn.prim, [put(x) for x in eqn.inputs], eqn.outputs, eqn.params))
+            continue
+        inner = _inlined(inner)
+        rename = dict(zip(inner.inputs, [put(x) for x in eqn.inputs], strict=True))
+        produced = {}  # an inner equation's output -> the call's output that it is
+        for v, o in zip(eqn.outputs, inner.outputs, strict=True):
+            if type(o) is not Var:
+                subst[v] = o  # a constant
+            elif o in rename:
+                subst[v] = rename[o]  # one of the call's inputs
+            elif o in produced:
+                subst[v] = produced[o]  # an output returned twice
+            else:
+                produced[o] = v
+        for e in inner.eqns:
+            outs = [produced.get(o) or Var(o.aval) for o in e.outputs]
+            rename.update(zip(e.outputs, outs))
+            eqns.append(Eqn(e.prim, [rename[x] if type(x) is Var else x for x in e.inputs],
+                            outs, e.params))
+    return Graph(graph.inputs, eqns, [put(x) for x in graph.outputs])
 
 
 def transpose_rule_of(prim):

@@ -16,7 +16,7 @@ from .. import caches
 from ..interpreters.batching import _rule_context, batch_graph
 from ..interpreters.eval import compiled, defimpl
 from ..interpreters.jvp import jvp_graph
-from ..interpreters.reverse import transpose_graph
+from ..interpreters.reverse import inlined_calls, transpose_graph
 from ..interpreters.staging import eval_graph
 from .collectives import GraphCallPrimitive
 from .common import (
@@ -48,6 +48,11 @@ EAGER_STEP = "eager step"
 def is_eager(name):
     """Is `name` that of such a call, or derived from one?"""
     return EAGER_BACKWARD in name or EAGER_STEP in name
+
+
+# a backward pass transposes them equation by equation, as the path without
+# them does (NOTE [transposed as if inlined] in interpreters/reverse.py)
+inlined_calls[jit_call] = lambda params: params["graph"] if is_eager(params["name"]) else None
 
 
 # The graphs the enclosing transforms derive from such a call (its batched
