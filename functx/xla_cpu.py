@@ -1,4 +1,7 @@
-"""Which XLA options functx compiles with on the CPU backend.
+"""Which XLA options functx compiles with on the CPU backend: YNNPACK's
+products for small programs only (NOTE [XLA:CPU's matrix-product
+library]), and the eager engine's programs with their primitives kept as
+calls (NOTE [one rounding per primitive]).
 
 NOTE [XLA:CPU's matrix-product library]
 XLA:CPU (jax 0.10) computes a matrix product with row-major operands in
@@ -138,11 +141,78 @@ def top_level():
     return _is_top_level()
 
 
-def jit_by_size(fn, sizes):
+# NOTE [one rounding per primitive]
+# An eager transform runs a step first as one small program per primitive,
+# then, once a repeated structure has compiled, as one program for the
+# whole step (NOTE [deferred eager steps], NOTE [staged backward passes]).
+# Both must give the same bits. Inside one program XLA may change the
+# arithmetic across primitives: LLVM contracts a product and the sum it
+# feeds into a fused multiply-add when both land in one fused kernel (one
+# rounding instead of two; XLA:CPU allows it unconditionally and has no
+# option against it), and XLA's simplifier rewrites a sum of a broadcast
+# into a product and reassociates sums with constants. So the programs of
+# the eager engine keep each primitive that could take part as a call of
+# its own program, the same one that runs it alone, and are compiled with
+# XLA's call inliner off: inside its call a primitive fuses exactly as it
+# does alone, and across calls nothing is fused or rewritten.
+# Not every primitive needs its own call: the ones in `FUSIBLE` round their
+# result exactly once from operands read as they are (additions, data
+# movement, comparisons, selections, conversions), so fusing them changes
+# no bit, unless an operand is a constant, which XLA's simplifier may fold
+# (each such application gets its own call too). A product (`mul`, and any
+# primitive whose result may come from a final multiplication, which is
+# most arithmetic) gets its own call, so its result is rounded and stored
+# before a sum reads it; so does a reduction, which then never sees the
+# broadcast it sums. Loops compiled for eager calls keep their bodies'
+# calls too, as they are when a loop sits in a combined program. (Which NaN
+# an operation returns is not fixed either way: NaNs are equal, not their
+# bits.) Measured on the 2-core VM: the same warm speed,
+# 7-25% more compile time (benchmarks/RESULTS.md, "One rounding per
+# primitive"). `functx.jit` programs are the user's own and
+# keep all of XLA's optimisations, as `jax.jit` does; their results may
+# differ from eager ones in the last bit, as JAX's do. Only the CPU
+# backend does this: no GPU was at hand to check that XLA's GPU compiler
+# takes programs with their calls kept, so there eager steps may still
+# differ from the first calls by one rounding where a product feeds a sum.
+FUSIBLE = frozenset("""
+    add add_any sub neg max min abs sign clamp select_n
+    eq ne lt le gt ge eq_to lt_to le_to and or not xor is_finite floor ceil round real imag
+    convert_element_type bitcast_convert_type reshape broadcast_in_dim transpose squeeze
+    slice dynamic_slice dynamic_update_slice concatenate pad rev iota copy gather stack unstack
+    split tile stop_gradient reduce_max reduce_min argmax argmin reduce_and reduce_or
+""".split())
+KEEP_CALLS = {"xla_disable_hlo_passes": "call-inliner"}
+
+
+def keeps_calls():
+    """Whether the eager engine's programs keep their primitives' calls (NOTE
+    [one rounding per primitive]): on the CPU backend, where this jaxlib
+    takes the option."""
+    return jax.default_backend() == "cpu" and _calls_known()
+
+
+@functools.cache
+def _calls_known():
+    try:
+        jax.jit(lambda x: x + 1).lower(1.0).compile(KEEP_CALLS)
+    except Exception:  # noqa: BLE001 - an unknown option: keep XLA's defaults
+        return False
+    return True
+
+
+def keep_calls(options=None):
+    """`options` with XLA's call inliner off, where `keeps_calls()`."""
+    return {**(options or {}), **KEEP_CALLS} if keeps_calls() else options
+
+
+def jit_by_size(fn, sizes, eager=False):
     """`jax.jit(fn)`, compiled with `options_for(sizes)` when called at the
-    top level."""
+    top level; for one of the eager engine's programs (`eager`), with its
+    calls kept (NOTE [one rounding per primitive])."""
     plain = jax.jit(fn)
     options = options_for(sizes)
+    if eager:
+        options = keep_calls(options)
     if options is None:
         return plain
     tuned = jax.jit(fn, compiler_options=options)

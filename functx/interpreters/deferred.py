@@ -49,17 +49,15 @@ few programs, not one per step. A dead output is an intermediate the
 program keeps inside, so a flush also needs less memory than running the
 steps one at a time.
 
-Results are the same either way, with one exception: the combined program
-applies the same primitives to the same values, and XLA:CPU does not
-reassociate floating-point arithmetic when it fuses, but it lets LLVM
-contract a product and a sum that share one fused kernel into a fused
-multiply-add (one rounding instead of two; no option of XLA turns it off).
-So where a product feeds a sum (tanh's derivative `1 - y*y`), a call run
-by the per-primitive programs (the first ones) can differ from one run by
-the combined program in the last bit. The test suite compiles at XLA's
-lowest optimisation level, where LLVM does not contract, and compares the
-paths bit for bit there; `test_deferred.py` records the deviation under
-XLA's default options.
+Results are the same either way, bit for bit (NaNs aside: which NaN an
+operation returns is not fixed): the combined program applies the same
+primitives to the same values, each compiled as it is alone, with nothing
+fused or rewritten across them that could change a rounding (NOTE [one
+rounding per primitive] in functx/xla_cpu.py, on the CPU backend), and a
+backward pass adds up cotangents in the same order on both paths (NOTE
+[transposed as if inlined] in reverse.py). `test_deferred.py` compares the
+paths bit for bit under XLA's default options, in a child process (the
+suite compiles with cheaper ones, tests/xla_options.py).
 
 Nothing is deferred while a hook watches the eager steps (the profiler's
 `eager_hook`, reverse mode's tape observers): they see each step run.
@@ -327,7 +325,7 @@ def _build(steps, inputs, mask):
             eqns.append(Eqn(eqn.prim, ins, new, eqn.params))
         computed.extend(env[x] if type(x) is Var else x for x in graph.outputs)
     outputs = [c for c, m in zip(computed, mask) if m]
-    program = compiled(Graph(in_vars, eqns, outputs), "functx_deferred")
+    program = compiled(Graph(in_vars, eqns, outputs), "functx_deferred", eager=True)
     return program, compile_ahead(program, *avals)
 
 

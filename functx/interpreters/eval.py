@@ -11,9 +11,16 @@ evaluation is a call of that primitive:
   times cheaper than binding the JAX primitive eagerly).
 """
 
+import functools
+import threading
+
 import jax
 
 from .. import caches, xla_cpu
+
+# .calls: this thread is tracing one of the eager engine's programs, whose
+# primitives are calls of their own programs (NOTE [one rounding per primitive])
+_tracing = threading.local()
 
 impl_rules = {}  # Primitive -> callable(*args, **params)
 
@@ -25,22 +32,29 @@ def lower_to_jax(prim):
     jax_prim = prim.jax
     compiled = {}  # NOTE [bounded caches]: FIFO, at most PROGRAMS_PER_PRIMITIVE
     sized = prim.name == "dot_general"  # NOTE [XLA:CPU's matrix-product library]
+    fusible = prim.name in xla_cpu.FUSIBLE
 
     def impl(*args, **params):
         for a in args:
             if isinstance(a, _JaxTracer):
+                if getattr(_tracing, "calls", False) and not (
+                        fusible and all(isinstance(b, _JaxTracer) for b in args)):
+                    break  # a call of its own program
                 try:
                     return jax_prim.bind(*args, **params)
                 except ValueError:
                     return bind_varying(jax_prim, args, params)
         try:
-            key = tuple(params.items())
-            if sized:
-                key += (xla_cpu.top_level() and xla_cpu.dot_takes_products_off(
-                    args[0], args[1], params["dimension_numbers"]),)
+            # options are for programs compiled alone, not for calls nested
+            # in another program (jax.jit refuses them there)
+            top = xla_cpu.top_level()
+            key = (tuple(params.items()), top, top and sized and xla_cpu.dot_takes_products_off(
+                args[0], args[1], params["dimension_numbers"]))
             fn = compiled[key]
         except KeyError:
-            options = xla_cpu.products_off() if sized and key[-1] else None
+            options = None
+            if top:
+                options = xla_cpu.keep_calls(xla_cpu.products_off() if key[2] else None)
             if len(compiled) >= PROGRAMS_PER_PRIMITIVE:
                 del compiled[next(iter(compiled))]
             fn = compiled[key] = jax.jit(_named_bind(jax_prim, params),
@@ -102,11 +116,32 @@ def defimpl(prim, fn):
     return fn
 
 
-def compiled(graph, name="functx_graph"):
+def traced_with_calls(fn, eager=True):
+    """`fn`, tracing the primitives it evaluates as calls of their own
+    programs when `eager` (a program of the eager engine: NOTE [one rounding
+    per primitive]), or bound inline when not (a user's `functx.jit`
+    program, even one nested in an eager program)."""
+    calls = eager and xla_cpu.keeps_calls()
+
+    @functools.wraps(fn)
+    def traced(*args):
+        was = getattr(_tracing, "calls", False)
+        _tracing.calls = calls
+        try:
+            return fn(*args)
+        finally:
+            _tracing.calls = was
+
+    return traced
+
+
+def compiled(graph, name="functx_graph", eager=False):
     """A staged graph as one jax.jit-compiled function of its inputs
     (returning the list of its outputs), made once per graph (with the
     options of NOTE [XLA:CPU's matrix-product library]); `name` is the
-    program's name in JAX's compile logs."""
+    program's name in JAX's compile logs. `eager`: a program of the eager
+    engine, whose primitives keep their own calls (NOTE [one rounding per
+    primitive])."""
     fn = graph.cache.get("compiled")
     if fn is None:
         from .staging import eval_graph
@@ -115,7 +150,8 @@ def compiled(graph, name="functx_graph"):
             return eval_graph(graph, args)
 
         run.__name__ = run.__qualname__ = name
-        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(run, xla_cpu.sizes_in_graph(graph))
+        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(
+            traced_with_calls(run, eager), xla_cpu.sizes_in_graph(graph), eager)
     return fn
 
 

@@ -62,7 +62,8 @@ import numpy as np
 from ..core import Aval, Tracer, Zero, aval_of, bind, new_interpreter
 from ..errors import MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
-from ..interpreters.eval import defimpl
+from .. import xla_cpu
+from ..interpreters.eval import defimpl, traced_with_calls
 from ..interpreters.jvp import graph_jvp_pairs
 from ..interpreters.reverse import transpose_graph
 from ..interpreters.staging import Graph, StagingTracer, Var, eval_graph, split_known, stage
@@ -301,7 +302,10 @@ def _cached_jit(graph, key, lower, name):
         return lower(args)
 
     program.__name__ = program.__qualname__ = name
-    holder.fn = jax.jit(program)
+    # an eager program: its primitives keep their own calls, as in the
+    # programs of the steps around it (NOTE [one rounding per primitive])
+    holder.fn = xla_cpu.jit_by_size(traced_with_calls(program), xla_cpu.sizes_in_graph(graph),
+                                    eager=True)
     ident = id(holder)
     _PROGRAMS.put(ident, weakref.ref(holder, lambda _: _PROGRAMS.pop(ident)))
     return holder.fn

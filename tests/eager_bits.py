@@ -1,0 +1,79 @@
+"""Eager steps bit for bit, whichever path ran them: started by
+tests/test_deferred.py in a child process with XLA's default options (the
+suite's own are cheaper: tests/xla_options.py), or by hand,
+`python tests/eager_bits.py [RANDOM_PROGRAMS]` (default 9). Each case is
+called 7 times, waiting for the background compiles after each call, so
+the first calls run per-primitive programs and the later ones the combined
+programs (NOTE [deferred eager steps]); the results must agree bit for bit
+(NOTE [one rounding per primitive], NOTE [transposed as if inlined]).
+Prints JSON: whether the eager engine keeps its calls on this backend, and
+the cases whose results differed."""
+
+import json
+import random
+import sys
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+jax.config.update("jax_enable_x64", True)
+
+import functx as fx  # noqa: E402
+import functx.numpy as fnp  # noqa: E402
+from functx import caches, xla_cpu  # noqa: E402
+
+RNG = np.random.default_rng(0)
+W, X = jnp.asarray(RNG.uniform(-1, 1, (8, 8))), jnp.asarray(RNG.uniform(-1, 1, (4, 8, 8)))
+UNARY = [jnp.tanh, jnp.exp, jnp.sin, jnp.log1p, jax.nn.sigmoid, jax.nn.gelu, jnp.cosh,
+         lambda v: v * v, lambda v: v ** 3, lambda v: v / 3.0, lambda v: v * 2.0 + 1.0,
+         lambda v: (v + 0.1) + 0.7, lambda v: jnp.sum(jnp.broadcast_to(v[0], (8, 8)), 0) - v,
+         lambda v: jnp.mean(v ** 2), lambda v: jax.nn.log_softmax(v, -1), lambda v: jnp.cumsum(v, -1),
+         lambda v: jnp.exp(v) + v, lambda v: jnp.tanh(v) * v - 1.0, lambda v: v.T,
+         lambda v: fx.lax.scan(lambda c, r: (c * 0.9 + jnp.sin(r), c * r), v[0], v)[1]]
+BINARY = [jnp.add, jnp.subtract, jnp.multiply, jnp.maximum, lambda a, b: a / (1 + b * b),
+          lambda a, b: a @ b, lambda a, b: a * b - a, lambda a, b: jnp.where(a > b, a * 0.3, b)]
+
+
+def random_program(seed):
+    r = random.Random(seed)
+    ops = [("u", r.randrange(len(UNARY)), r.randrange(i + 3)) if r.random() < 0.55 else
+           ("b", r.randrange(len(BINARY)), r.randrange(i + 3), r.randrange(i + 3)) for i in range(8)]
+    def f(w, x):
+        vals = [w, x, w * x]
+        for op in ops:
+            v = UNARY[op[1]](vals[op[2]]) if op[0] == "u" else BINARY[op[1]](vals[op[2]], vals[op[3]])
+            vals.append(jnp.clip(jnp.broadcast_to(v, (8, 8)), -3.0, 3.0))
+        return jnp.sum(vals[-1] * vals[-2])
+    return f
+
+
+def transforms(f):
+    return {"grad": (fx.grad(f), X[0]), "vmap(grad)": (fx.vmap(fx.grad(f), in_dims=(None, 0)), X),
+            "grad(grad)": (fx.grad(lambda w, x: fnp.sum(fx.grad(f)(w, x) ** 2)), X[0])}
+
+
+def bits(out):  # NaNs aside: which NaN an operation returns is not fixed
+    out = np.asarray(out)
+    return np.where(np.isnan(out), np.nan, out).tobytes()
+
+
+def main(programs):
+    cases = {"tanh's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.tanh(w @ x))), X[0])}
+    for seed in range(programs):
+        name, case = list(transforms(random_program(seed)).items())[seed % 3]
+        cases[f"{name} of random program {seed}"] = case
+    mismatched = []
+    for name, (g, arg) in cases.items():
+        seen = set()
+        for _ in range(7):
+            seen.add(bits(g(W, arg)))
+            caches.wait_for_compiles()
+        if len(seen) != 1:
+            mismatched.append(name)
+    print(json.dumps({"keeps_calls": xla_cpu.keeps_calls(), "mismatched": mismatched}))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 9)
