@@ -188,16 +188,7 @@ def keeps_calls():
     """Whether the eager engine's programs keep their primitives' calls (NOTE
     [one rounding per primitive]): on the CPU backend, where this jaxlib
     takes the option."""
-    return jax.default_backend() == "cpu" and _calls_known()
-
-
-@functools.cache
-def _calls_known():
-    try:
-        jax.jit(lambda x: x + 1).lower(1.0).compile(KEEP_CALLS)
-    except Exception:  # noqa: BLE001 - an unknown option: keep XLA's defaults
-        return False
-    return True
+    return jax.default_backend() == "cpu" and _takes(*KEEP_CALLS.items())
 
 
 def keep_calls(options=None):
@@ -224,11 +215,17 @@ def jit_by_size(fn, sizes, eager=False):
     return call
 
 
-@functools.cache
 def _known():
-    """Whether this jaxlib's XLA:CPU takes the option (one tiny compile)."""
+    """Whether this jaxlib's XLA:CPU takes YNNPACK's option."""
+    return _takes(*PRODUCTS_OFF.items())
+
+
+@functools.cache
+def _takes(*options):
+    """Whether this jaxlib's XLA takes these (name, value) compile options
+    (one tiny compile)."""
     try:
-        jax.jit(lambda x: x + 1).lower(1.0).compile(PRODUCTS_OFF)
+        jax.jit(lambda x: x + 1).lower(1.0).compile(dict(options))
     except Exception:  # noqa: BLE001 - an unknown option: keep XLA's defaults
         return False
     return True
