@@ -27,6 +27,7 @@ enclosing jax.jit) keeps XLA's defaults, those of the enclosing program.
 
 import functools
 import math
+import threading
 
 import jax
 import jax.extend.core
@@ -182,6 +183,9 @@ FUSIBLE = frozenset("""
     split tile stop_gradient reduce_max reduce_min argmax argmin reduce_and reduce_or
 """.split())
 KEEP_CALLS = {"xla_disable_hlo_passes": "call-inliner"}
+# .calls: this thread is tracing one of the eager engine's programs, whose
+# primitives are calls of their own programs (read by interpreters/eval.py)
+TRACING = threading.local()
 
 
 def keeps_calls():
@@ -196,10 +200,30 @@ def keep_calls(options=None):
     return {**(options or {}), **KEEP_CALLS} if keeps_calls() else options
 
 
+def _traced_with_calls(fn, eager):
+    """`fn`, tracing the primitives it evaluates as calls of their own
+    programs when `eager` (NOTE [one rounding per primitive]), or bound
+    inline when not (a user's `functx.jit` program, even one nested in an
+    eager program)."""
+    calls = eager and keeps_calls()
+
+    @functools.wraps(fn)
+    def traced(*args):
+        was = getattr(TRACING, "calls", False)
+        TRACING.calls = calls
+        try:
+            return fn(*args)
+        finally:
+            TRACING.calls = was
+
+    return traced
+
+
 def jit_by_size(fn, sizes, eager=False):
     """`jax.jit(fn)`, compiled with `options_for(sizes)` when called at the
     top level; for one of the eager engine's programs (`eager`), with its
-    calls kept (NOTE [one rounding per primitive])."""
+    primitives kept as calls (NOTE [one rounding per primitive])."""
+    fn = _traced_with_calls(fn, eager)
     plain = jax.jit(fn)
     options = options_for(sizes)
     if eager:

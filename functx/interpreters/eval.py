@@ -11,16 +11,11 @@ evaluation is a call of that primitive:
   times cheaper than binding the JAX primitive eagerly).
 """
 
-import functools
-import threading
-
 import jax
 
 from .. import caches, xla_cpu
 
-# .calls: this thread is tracing one of the eager engine's programs, whose
-# primitives are calls of their own programs (NOTE [one rounding per primitive])
-_tracing = threading.local()
+_tracing = xla_cpu.TRACING  # .calls: NOTE [one rounding per primitive]
 
 impl_rules = {}  # Primitive -> callable(*args, **params)
 
@@ -116,25 +111,6 @@ def defimpl(prim, fn):
     return fn
 
 
-def traced_with_calls(fn, eager=True):
-    """`fn`, tracing the primitives it evaluates as calls of their own
-    programs when `eager` (a program of the eager engine: NOTE [one rounding
-    per primitive]), or bound inline when not (a user's `functx.jit`
-    program, even one nested in an eager program)."""
-    calls = eager and xla_cpu.keeps_calls()
-
-    @functools.wraps(fn)
-    def traced(*args):
-        was = getattr(_tracing, "calls", False)
-        _tracing.calls = calls
-        try:
-            return fn(*args)
-        finally:
-            _tracing.calls = was
-
-    return traced
-
-
 def compiled(graph, name="functx_graph", eager=False):
     """A staged graph as one jax.jit-compiled function of its inputs
     (returning the list of its outputs), made once per graph (with the
@@ -150,8 +126,8 @@ def compiled(graph, name="functx_graph", eager=False):
             return eval_graph(graph, args)
 
         run.__name__ = run.__qualname__ = name
-        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(
-            traced_with_calls(run, eager), xla_cpu.sizes_in_graph(graph), eager)
+        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(run, xla_cpu.sizes_in_graph(graph),
+                                                           eager)
     return fn
 
 

@@ -59,7 +59,7 @@ from ..errors import FunctxError
 from ..caches import STAGING, RepeatCache
 from .deferred import (CONSTANT_TYPES, PY_SCALARS, Pending, Queue, StepOutputs, all_eager,
                        bind_eager_call, input_aval, jax_avals, values)
-from .eval import compile_ahead, traced_with_calls
+from .eval import compile_ahead
 from .jvp import JVPInterpreter, JVPTracer, jvp_graph
 from .staging import (
     Const,
@@ -646,8 +646,7 @@ def _compile_backward(graph, consts, cts):
         return [None if type(c) is Zero else c for c in in_cts]
 
     transpose.__name__ = transpose.__qualname__ = "functx_backward"
-    fn = xla_cpu.jit_by_size(traced_with_calls(transpose), xla_cpu.sizes_in_graph(template),
-                            eager=True)
+    fn = xla_cpu.jit_by_size(transpose, xla_cpu.sizes_in_graph(template), eager=True)
     return fn, compile_ahead(fn, list(consts), list(cts))
 
 

@@ -59,11 +59,11 @@ import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
+from .. import xla_cpu
 from ..core import Aval, Tracer, Zero, aval_of, bind, new_interpreter
 from ..errors import MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
-from .. import xla_cpu
-from ..interpreters.eval import defimpl, traced_with_calls
+from ..interpreters.eval import defimpl
 from ..interpreters.jvp import graph_jvp_pairs
 from ..interpreters.reverse import transpose_graph
 from ..interpreters.staging import Graph, StagingTracer, Var, eval_graph, split_known, stage
@@ -304,8 +304,7 @@ def _cached_jit(graph, key, lower, name):
     program.__name__ = program.__qualname__ = name
     # an eager program: its primitives keep their own calls, as in the
     # programs of the steps around it (NOTE [one rounding per primitive])
-    holder.fn = xla_cpu.jit_by_size(traced_with_calls(program), xla_cpu.sizes_in_graph(graph),
-                                    eager=True)
+    holder.fn = xla_cpu.jit_by_size(program, xla_cpu.sizes_in_graph(graph), eager=True)
     ident = id(holder)
     _PROGRAMS.put(ident, weakref.ref(holder, lambda _: _PROGRAMS.pop(ident)))
     return holder.fn
