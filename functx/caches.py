@@ -35,8 +35,8 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   per-primitive programs, already compiled), so no call stalls on a
   compilation of repeated structure. Both paths run the same primitives
   with the same rules, and tests compare their results bit for bit (NOTE
-  [deferred eager steps]; on GPUs, unchecked, a product and a sum fused
-  into one multiply-add may differ in the last bit: NOTE [one rounding per
+  [deferred eager steps]; on GPUs, a product and a sum fused into one
+  multiply-add may still differ in the last bit: NOTE [one rounding per
   primitive] in xla_cpu.py).
   `FUNCTX_BACKGROUND_COMPILE=0` compiles on the calling thread instead
   (the first cached call then waits for it).

@@ -171,10 +171,19 @@ def top_level():
 # 7-25% more compile time (benchmarks/RESULTS.md, "One rounding per
 # primitive"). `functx.jit` programs are the user's own and
 # keep all of XLA's optimisations, as `jax.jit` does; their results may
-# differ from eager ones in the last bit, as JAX's do. Only the CPU
-# backend does this: no GPU was at hand to check that XLA's GPU compiler
-# takes programs with their calls kept, so there eager steps may still
-# differ from the first calls by one rounding where a product feeds a sum.
+# differ from eager ones in the last bit, as JAX's do.
+# Other backends ("barriers" isolation): XLA:GPU cannot compile a program
+# whose calls are kept (it aborts the process: its loop-fusion emitter
+# meets a call it has no indexing for; seen on an H200, jax 0.11.2). There
+# the same primitives sit between optimisation barriers instead, on their
+# operands and results (also for the hand-written evaluations of
+# `defimpl`: graph calls, loops, borrowed JAX primitives). The simplifier
+# sees through no barrier, so it rewrites nothing across primitives; the
+# barriers are removed before fusion, so the program fuses as before, and
+# a product may still be contracted into the sum it feeds. On the H200,
+# random programs whose first calls differed from later ones went from 4
+# of 24 to 1 of 40 (and that one only on some runs: benchmarks/RESULTS.md,
+# "GPU"); tests force this mode on the CPU for the rewrites it stops.
 FUSIBLE = frozenset("""
     add add_any sub neg max min abs sign clamp select_n
     eq ne lt le gt ge eq_to lt_to le_to and or not xor is_finite floor ceil round real imag
@@ -183,16 +192,23 @@ FUSIBLE = frozenset("""
     split tile stop_gradient reduce_max reduce_min argmax argmin reduce_and reduce_or
 """.split())
 KEEP_CALLS = {"xla_disable_hlo_passes": "call-inliner"}
-# .calls: this thread is tracing one of the eager engine's programs, whose
-# primitives are calls of their own programs (read by interpreters/eval.py)
+# .mode: this thread is tracing one of the eager engine's programs, whose
+# primitives are kept apart as `isolation()` says (read by interpreters/eval.py)
 TRACING = threading.local()
 
 
+def isolation():
+    """How the eager engine's programs keep each primitive's rounding its
+    own (NOTE [one rounding per primitive]): "calls" on the CPU backend,
+    where this jaxlib takes the option, else "barriers"."""
+    if jax.default_backend() == "cpu" and _takes(*KEEP_CALLS.items()):
+        return "calls"
+    return "barriers"
+
+
 def keeps_calls():
-    """Whether the eager engine's programs keep their primitives' calls (NOTE
-    [one rounding per primitive]): on the CPU backend, where this jaxlib
-    takes the option."""
-    return jax.default_backend() == "cpu" and _takes(*KEEP_CALLS.items())
+    """Whether the eager engine's programs keep their primitives as calls."""
+    return isolation() == "calls"
 
 
 def keep_calls(options=None):
@@ -200,21 +216,28 @@ def keep_calls(options=None):
     return {**(options or {}), **KEEP_CALLS} if keeps_calls() else options
 
 
+def barrier(values):
+    """`values` behind an optimisation barrier, which XLA's simplifier does
+    not see through ("barriers" isolation: around each primitive's operands
+    and results)."""
+    return jax.lax.optimization_barrier(values)
+
+
 def _traced_with_calls(fn, eager):
-    """`fn`, tracing the primitives it evaluates as calls of their own
-    programs when `eager` (NOTE [one rounding per primitive]), or bound
-    inline when not (a user's `functx.jit` program, even one nested in an
-    eager program)."""
-    calls = eager and keeps_calls()
+    """`fn`, tracing the primitives it evaluates kept apart as
+    `isolation()` says when `eager` (NOTE [one rounding per primitive]), or
+    bound inline when not (a user's `functx.jit` program, even one nested
+    in an eager program)."""
+    mode = isolation() if eager else None
 
     @functools.wraps(fn)
     def traced(*args):
-        was = getattr(TRACING, "calls", False)
-        TRACING.calls = calls
+        was = getattr(TRACING, "mode", None)
+        TRACING.mode = mode
         try:
             return fn(*args)
         finally:
-            TRACING.calls = was
+            TRACING.mode = was
 
     return traced
 

@@ -72,7 +72,7 @@ def main(programs):
             caches.wait_for_compiles()
         if len(seen) != 1:
             mismatched.append(name)
-    print(json.dumps({"keeps_calls": xla_cpu.keeps_calls(), "mismatched": mismatched}))
+    print(json.dumps({"isolation": xla_cpu.isolation(), "mismatched": mismatched}))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ Results are the same either way, bit for bit (NaNs aside: which NaN an
 operation returns is not fixed): the combined program applies the same
 primitives to the same values, each compiled as it is alone, with nothing
 fused or rewritten across them that could change a rounding (NOTE [one
-rounding per primitive] in functx/xla_cpu.py, on the CPU backend), and a
+rounding per primitive] in functx/xla_cpu.py; on GPUs only rewrites are
+ruled out, not a product fused into a sum), and a
 backward pass adds up cotangents in the same order on both paths (NOTE
 [transposed as if inlined] in reverse.py). `test_deferred.py` compares the
 paths bit for bit under XLA's default options, in a child process (the

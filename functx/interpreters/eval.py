@@ -15,7 +15,7 @@ import jax
 
 from .. import caches, xla_cpu
 
-_tracing = xla_cpu.TRACING  # .calls: NOTE [one rounding per primitive]
+_tracing = xla_cpu.TRACING  # .mode: NOTE [one rounding per primitive]
 
 impl_rules = {}  # Primitive -> callable(*args, **params)
 
@@ -32,13 +32,13 @@ def lower_to_jax(prim):
     def impl(*args, **params):
         for a in args:
             if isinstance(a, _JaxTracer):
-                if getattr(_tracing, "calls", False) and not (
-                        fusible and all(isinstance(b, _JaxTracer) for b in args)):
-                    break  # a call of its own program
-                try:
-                    return jax_prim.bind(*args, **params)
-                except ValueError:
-                    return bind_varying(jax_prim, args, params)
+                mode = getattr(_tracing, "mode", None)
+                if mode and not (fusible and all(isinstance(b, _JaxTracer) for b in args)):
+                    if mode == "calls":
+                        break  # a call of its own program
+                    out = _bind_traced(jax_prim, xla_cpu.barrier(tuple(args)), params)
+                    return xla_cpu.barrier(out)
+                return _bind_traced(jax_prim, args, params)
         try:
             # options are for programs compiled alone, not for calls nested
             # in another program (jax.jit refuses them there)
@@ -62,6 +62,13 @@ def lower_to_jax(prim):
     impl_rules[prim] = impl
     _PROGRAMS.append(compiled)
     return impl
+
+
+def _bind_traced(jax_prim, args, params):
+    try:
+        return jax_prim.bind(*args, **params)
+    except ValueError:
+        return bind_varying(jax_prim, args, params)
 
 
 def bind_varying(jax_prim, args, params):
@@ -106,8 +113,17 @@ caches.register(
 
 def defimpl(prim, fn):
     """Register a hand-written evaluation of `prim` (for primitives that are
-    not a single JAX primitive)."""
-    impl_rules[prim] = fn
+    not a single JAX primitive). Inside a program of the eager engine with
+    "barriers" isolation it sits between barriers, as `lower_to_jax`'s
+    primitives do (NOTE [one rounding per primitive])."""
+
+    def impl(*args, **params):
+        if getattr(_tracing, "mode", None) == "barriers" and any(
+                isinstance(a, _JaxTracer) for a in args):
+            return xla_cpu.barrier(fn(*xla_cpu.barrier(tuple(args)), **params))
+        return fn(*args, **params)
+
+    impl_rules[prim] = impl
     return fn
 
 
