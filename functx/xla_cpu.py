@@ -182,8 +182,9 @@ def top_level():
 # barriers are removed before fusion, so the program fuses as before, and
 # a product may still be contracted into the sum it feeds. On the H200,
 # random programs whose first calls differed from later ones went from 4
-# of 24 to 1 of 40 (and that one only on some runs: benchmarks/RESULTS.md,
-# "GPU"); tests force this mode on the CPU for the rewrites it stops.
+# of 24 to 1 of 40, and that one only on some runs (benchmarks/RESULTS.md,
+# "One rounding per primitive on a GPU"); tests force this mode on the CPU
+# for the rewrites it stops.
 FUSIBLE = frozenset("""
     add add_any sub neg max min abs sign clamp select_n
     eq ne lt le gt ge eq_to lt_to le_to and or not xor is_finite floor ceil round real imag
