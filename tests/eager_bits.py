@@ -6,8 +6,9 @@ called 7 times, waiting for the background compiles after each call, so
 the first calls run per-primitive programs and the later ones the combined
 programs (NOTE [deferred eager steps]); the results must agree bit for bit
 (NOTE [one rounding per primitive], NOTE [transposed as if inlined]).
-Prints JSON: whether the eager engine keeps its calls on this backend, and
-the cases whose results differed."""
+Prints JSON: how the eager engine keeps primitives apart on this backend
+(`xla_cpu.isolation()`: "calls" or "barriers"), and the cases whose
+results differed."""
 
 import json
 import random

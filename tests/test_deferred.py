@@ -443,6 +443,8 @@ def test_first_calls_equal_later_ones_bit_for_bit_under_default_xla_options():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))  # uninstalled
     script = os.path.join(os.path.dirname(__file__), "eager_bits.py")
     out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True,
                          timeout=600, check=True).stdout
