@@ -217,14 +217,15 @@ def keep_calls(options=None):
     return {**(options or {}), **KEEP_CALLS} if keeps_calls() else options
 
 
-def barrier(values):
-    """`values` behind an optimisation barrier, which XLA's simplifier does
-    not see through ("barriers" isolation: around each primitive's operands
-    and results)."""
-    return jax.lax.optimization_barrier(values)
+def between_barriers(fn, args, params):
+    """`fn(*args, **params)` with optimisation barriers on its operands and
+    results ("barriers" isolation): XLA's simplifier sees through neither,
+    so it rewrites nothing across them."""
+    return jax.lax.optimization_barrier(
+        fn(*jax.lax.optimization_barrier(tuple(args)), **params))
 
 
-def _traced_with_calls(fn, eager):
+def _traced_isolated(fn, eager):
     """`fn`, tracing the primitives it evaluates kept apart as
     `isolation()` says when `eager` (NOTE [one rounding per primitive]), or
     bound inline when not (a user's `functx.jit` program, even one nested
@@ -247,7 +248,7 @@ def jit_by_size(fn, sizes, eager=False):
     """`jax.jit(fn)`, compiled with `options_for(sizes)` when called at the
     top level; for one of the eager engine's programs (`eager`), with its
     primitives kept as calls (NOTE [one rounding per primitive])."""
-    fn = _traced_with_calls(fn, eager)
+    fn = _traced_isolated(fn, eager)
     plain = jax.jit(fn)
     options = options_for(sizes)
     if eager:

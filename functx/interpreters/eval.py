@@ -36,8 +36,8 @@ def lower_to_jax(prim):
                 if mode and not (fusible and all(isinstance(b, _JaxTracer) for b in args)):
                     if mode == "calls":
                         break  # a call of its own program
-                    out = _bind_traced(jax_prim, xla_cpu.barrier(tuple(args)), params)
-                    return xla_cpu.barrier(out)
+                    return xla_cpu.between_barriers(
+                        lambda *xs, **ps: _bind_traced(jax_prim, xs, ps), args, params)
                 return _bind_traced(jax_prim, args, params)
         try:
             # options are for programs compiled alone, not for calls nested
@@ -120,7 +120,7 @@ def defimpl(prim, fn):
     def impl(*args, **params):
         if getattr(_tracing, "mode", None) == "barriers" and any(
                 isinstance(a, _JaxTracer) for a in args):
-            return xla_cpu.barrier(fn(*xla_cpu.barrier(tuple(args)), **params))
+            return xla_cpu.between_barriers(fn, args, params)
         return fn(*args, **params)
 
     impl_rules[prim] = impl
