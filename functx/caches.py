@@ -130,6 +130,16 @@ class Cache:
         self.size = size
         self.doc = doc
         self.entries = collections.OrderedDict()
+        # A hit moves its entry to the end (most recently used) only once
+        # the cache holds more than half its bound in entries or bytes:
+        # `move_to_end` hashes and compares the key again, as much as the
+        # lookup itself (a key of avals and parameters: Python calls), and
+        # eager transforms look up a few caches per primitive. Below half
+        # nothing is evicted, so the order does not matter yet; past it,
+        # every entry that is used moves behind those that are not, so
+        # eviction still takes entries unused since then, oldest first.
+        self.half = limit // 2
+        self.half_bytes = float("inf") if byte_limit is None else byte_limit // 2
         self.sizes = {}
         self.bytes = 0
         self.hits = self.misses = 0
@@ -143,10 +153,11 @@ class Cache:
             self.misses += 1
             return default
         self.hits += 1
-        try:
-            self.entries.move_to_end(key)
-        except KeyError:  # evicted meanwhile by another thread
-            pass
+        if len(self.entries) > self.half or self.bytes > self.half_bytes:  # see `half`
+            try:
+                self.entries.move_to_end(key)
+            except KeyError:  # evicted meanwhile by another thread
+                pass
         return value
 
     def put(self, key, value, nbytes=None):
@@ -234,10 +245,11 @@ class RepeatCache(Cache):
         key is not hashable."""
         value = self.entries.get(key, _MISSING)
         if value is not _MISSING:
-            try:
-                self.entries.move_to_end(key)
-            except KeyError:
-                pass
+            if len(self.entries) > self.half or self.bytes > self.half_bytes:  # see `half`
+                try:
+                    self.entries.move_to_end(key)
+                except KeyError:
+                    pass
             return value
         self.tick += 1
         if self.pending:

@@ -184,6 +184,22 @@ def test_caches_are_bounded_and_count_keys_seen_once_in_an_lru(monkeypatch):
         caches._REGISTRY.pop("test cache", None)
 
 
+def test_an_entry_used_past_half_the_bound_outlives_older_unused_ones():
+    """Hits reorder the LRU only past half its bound (a reorder hashes the
+    key again); eviction still takes the oldest entries not used since."""
+    cache = caches.Cache("test half lru", limit=4)
+    try:
+        for k in "abc":
+            cache.put(k, k.upper())
+        assert cache.get("a") == "A"  # 3 entries > half of 4: moved to the end
+        cache.put("d", "D")
+        cache.put("e", "E")  # over the bound: the oldest unused entry goes
+        assert list(cache.entries) == ["c", "a", "d", "e"]
+        assert cache.get("b") is None and cache.get("a") == "A"
+    finally:
+        caches._REGISTRY.pop("test half lru", None)
+
+
 def test_a_graph_in_a_key_is_held_weakly():
     """A key holding a staged graph (a jit_call's parameter) does not keep
     it alive; once it dies its entries go at the next insertion."""
