@@ -91,11 +91,24 @@ def _derived(graph, name, tag, build):
     if not is_eager(name) or not caches.BACKGROUND or not getattr(_binding, "on", False):
         return build()
     future = graph.cache.get(tag)
+    if type(future) is _Built:  # every later call: no lock of the Future's
+        return future.value
     if future is None:
         future = graph.cache[tag] = caches.submit(build)
     if not future.done() or future.exception() is not None:
         raise DerivedGraphNotReady
-    return future.result()
+    value = future.result()
+    graph.cache[tag] = _Built(value)
+    return value
+
+
+class _Built:
+    """A derived graph the compile thread has built (in place of its Future)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
 
 
 def _impl(*args, graph, name):
