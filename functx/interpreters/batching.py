@@ -136,6 +136,25 @@ class BatchTracer(Tracer):
         return a
 
 
+def _fresh(interp, val, bdim):
+    """`interp.box(val, bdim)` for a value this thread has just computed
+    (a rule's or a step's output): nothing to check (NOTE [escaped
+    tracers]), so BatchTracer's constructor is skipped (this runs for every
+    primitive an eager vmap processes)."""
+    if bdim is None:
+        return val
+    t = _new_tracer(BatchTracer)
+    t._interp = interp
+    t._val = val
+    t.bdim = bdim
+    t._aval = None
+    t.basis = None
+    return t
+
+
+_new_tracer = object.__new__
+
+
 class BatchInterpreter(Interpreter):
     transform = "vmap"
 
@@ -210,7 +229,7 @@ class BatchInterpreter(Interpreter):
             step = batched_step(prim, params, vals, tuple(dims), self.axis_size, self.axis)
             if step is not None:
                 outs = self.queue.defer(step.deferred, vals)
-                boxed = [self.box(o, d) if d is not None
+                boxed = [_fresh(self, o, d) if d is not None
                          else (o.force() if type(o) is Pending else o)
                          for o, d in zip(outs, step.out_dims)]
                 return boxed if prim.multiple_results else boxed[0]
@@ -233,8 +252,8 @@ class BatchInterpreter(Interpreter):
             finally:
                 ctx.axis = saved
         if prim.multiple_results:
-            return [self.box(o, d) for o, d in zip(out, out_dim, strict=True)]
-        return self.box(out, out_dim)
+            return [_fresh(self, o, d) for o, d in zip(out, out_dim, strict=True)]
+        return _fresh(self, out, out_dim)
 
     def concrete(self, tracer):
         raise ConcretizationError(

@@ -97,7 +97,7 @@ def jax_avals(xs):
     """JAX's avals of a step's inputs (arrays, Pendings, JAX's typed
     constants, Python numbers): part of the keys of steps and programs."""
     try:
-        return tuple(x.aval for x in xs)
+        return tuple([x.aval for x in xs])
     except AttributeError:  # a Python number among them
         return tuple(aval_of(x) if type(x) in PY_SCALARS else x.aval for x in xs)
 
@@ -233,9 +233,18 @@ class Queue:
         self.steps.append((step, tuple(refs)))
         outs = self.outs
         n = len(outs)
-        pending = [Pending(self, n + k, aval, faval)
-                   for k, (aval, faval) in enumerate(zip(step.avals, step.favals))]
-        outs.extend(weakref.ref(p) for p in pending)
+        avals = step.avals
+        if len(avals) == 1:
+            p = Pending(self, n, avals[0], step.favals[0])
+            outs.append(weakref.ref(p))
+            pending = [p]
+        else:  # a plain loop: this runs for every queued step
+            favals = step.favals
+            pending = []
+            for k in range(len(avals)):
+                p = Pending(self, n + k, avals[k], favals[k])
+                pending.append(p)
+                outs.append(weakref.ref(p))
         if len(self.steps) >= MAX_STEPS:
             self.flush()
         return pending
@@ -383,11 +392,13 @@ def bind_eager_call(graph, args, backward):
 
         _call_module = call
     call = _call_module
-    was = call.binding_eager(True)
+    mark = call._binding  # call.binding_eager, inline: this runs for every step
+    was = getattr(mark, "on", False)
+    mark.on = True
     try:
         return _core.bind(call.jit_call, *args, graph=graph,
                           name=call.EAGER_BACKWARD if backward else call.EAGER_STEP)
     except call.DerivedGraphNotReady:
         return None
     finally:
-        call.binding_eager(was)
+        mark.on = was

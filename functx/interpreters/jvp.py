@@ -114,8 +114,15 @@ class SplitJVP:
 
     def residuals(self, primals, primal_outs):
         """All residuals, from the inputs and the outputs of `primal`."""
-        extra = iter(primal_outs[self.n_out:])
-        return [primals[i] if i >= 0 else next(extra) for i in self.res_src]
+        out = []
+        extra = self.n_out
+        for i in self.res_src:
+            if i >= 0:
+                out.append(primals[i])
+            else:
+                out.append(primal_outs[extra])
+                extra += 1
+        return out
 
 
 def graph_jvp_pairs(graph, nonzero, args):

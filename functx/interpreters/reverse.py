@@ -110,6 +110,8 @@ inlined_calls = {}
 _primal_slot = JVPTracer.__dict__["primal"]
 _raw_primal = _primal_slot.__get__
 _raw_tangent = JVPTracer.__dict__["tangent"].__get__
+_set_tangent = JVPTracer.__dict__["tangent"].__set__
+_set_aval = JVPTracer.__dict__["_aval"].__set__
 
 
 class ReverseTracer(JVPTracer):
@@ -186,6 +188,22 @@ class ReverseTracer(JVPTracer):
         return a
 
 
+_new_tracer = object.__new__
+
+
+def _fresh_tracer(interp, primal, tangent):
+    """`ReverseTracer(interp, primal, tangent)` for values this thread has
+    just computed (a step's output, its tangent on the tape): nothing to
+    check (NOTE [escaped tracers]), so the constructor's checks are skipped
+    (this runs for every primitive an eager grad records)."""
+    r = _new_tracer(ReverseTracer)
+    r._interp = interp
+    _primal_slot.__set__(r, primal)
+    _set_tangent(r, tangent)
+    _set_aval(r, None)
+    return r
+
+
 class _Tape(StagingInterpreter):
     """The linear graph of a reverse interpreter: lives at its level and
     dies with it."""
@@ -221,25 +239,36 @@ class _Tape(StagingInterpreter):
         plan = graph.cache.get("inline")
         if plan is None:
             plan = graph.cache["inline"] = _inline_plan(graph)
+        n_in, eqn_plans, out_refs = plan
+        if len(args) != n_in:
+            raise TypeError(f"functx internal error: {len(args)} inputs for a graph of {n_in}")
+        # runs for every primitive an eager grad records: plain loops, no
+        # comprehensions (each is a frame of its own)
         slots = []
+        add = slots.append
         for a in args:
-            if type(a) is StagingTracer and a._interp is self:
-                slots.append(a.var)
-            elif type(a) is Pending:  # NOTE [deferred eager steps]
+            t = type(a)
+            if t is StagingTracer and a._interp is self:
+                add(a.var)
+            elif t is Pending:  # NOTE [deferred eager steps]
                 c = Const(a, a.faval)
                 self.pending_consts.append(c)
-                slots.append(c)
+                add(c)
             else:
-                slots.append(Const(a))
-        if len(slots) != plan[0]:
-            raise TypeError(f"functx internal error: {len(slots)} inputs for a graph of {plan[0]}")
+                add(Const(a))
         eqns = self.eqns
-        for prim, refs, avals, params in plan[1]:
-            outs = [Var(a) for a in avals]
-            eqns.append(Eqn(prim, [slots[r] if type(r) is int else r for r in refs], outs, params))
-            slots.extend(outs)
+        for prim, refs, avals, params, all_vars in eqn_plans:
+            if len(avals) == 1:
+                v = Var(avals[0])
+                outs = [v]
+            else:
+                outs = [Var(a) for a in avals]
+            ins = list(map(slots.__getitem__, refs)) if all_vars else [
+                slots[r] if type(r) is int else r for r in refs]
+            eqns.append(Eqn(prim, ins, outs, params))
+            slots += outs
         result = []
-        for r in plan[2]:
+        for r in out_refs:
             x = slots[r] if type(r) is int else r
             result.append(StagingTracer(self, x) if type(x) is Var else x.value)
         return result
@@ -249,12 +278,14 @@ def _inline_plan(graph):
     """`graph` with its variables numbered (inputs first, then each
     equation's outputs in order), so `_Tape.inline` copies it without a
     dictionary: (number of inputs, [(prim, input numbers or Consts, output
-    avals, params)], output numbers or Consts)."""
+    avals, params, whether every input is a number)], output numbers or
+    Consts)."""
     index = {v: i for i, v in enumerate(graph.inputs)}
     eqn_plans = []
     for eqn in graph.eqns:
         refs = tuple(index[x] if type(x) is Var else x for x in eqn.inputs)
-        eqn_plans.append((eqn.prim, refs, tuple(v.aval for v in eqn.outputs), eqn.params))
+        eqn_plans.append((eqn.prim, refs, tuple(v.aval for v in eqn.outputs), eqn.params,
+                          all(type(r) is int for r in refs)))
         for v in eqn.outputs:
             index[v] = len(index)
     outs = tuple(index[x] if type(x) is Var else x for x in graph.outputs)
@@ -340,8 +371,21 @@ class ReverseInterpreter(JVPInterpreter):
     def _record(self, prim, split, primals, tangents, differentiated, outs):
         """The outputs of a fused step, `outs` (its output and residuals),
         boxed with the tangents its tangent part records on the tape."""
-        live = [t for t, d in zip(tangents, differentiated) if d]
-        out_tangents = iter(self.tape.inline(split.tangent, split.residuals(primals, outs) + live))
+        args = split.residuals(primals, outs)
+        for t, d in zip(tangents, differentiated):
+            if d:
+                args.append(t)
+        tape = self.tape
+        out_tangents = tape.inline(split.tangent, args)
+        if split.n_out == 1 and not prim.multiple_results:  # most primitives: no loop
+            o = outs[0]
+            if split.out_nonzero[0]:
+                t = out_tangents[0]
+                if type(t) is StagingTracer and t._interp is tape:
+                    return _fresh_tracer(self, o, t)
+                return o
+            return self._no_derivative(o) if type(o) is Pending else o
+        out_tangents = iter(out_tangents)
         boxed = [self.box(o, next(out_tangents)) if nz
                  else (self._no_derivative(o) if type(o) is Pending else o)
                  for o, nz in zip(outs[:split.n_out], split.out_nonzero)]

@@ -159,10 +159,14 @@ def dce(graph):
     """Drop the equations no output depends on."""
     live = {x for x in graph.outputs if type(x) is Var}
     kept = []
-    for eqn in reversed(graph.eqns):
-        if eqn.prim.effectful or any(v in live for v in eqn.outputs):
+    for eqn in reversed(graph.eqns):  # every eager grad's tape: plain loops
+        outs = eqn.outputs
+        if (outs[0] in live if len(outs) == 1 else not live.isdisjoint(outs)) \
+                or eqn.prim.effectful:
             kept.append(eqn)
-            live.update(x for x in eqn.inputs if type(x) is Var)
+            for x in eqn.inputs:
+                if type(x) is Var:
+                    live.add(x)
     kept.reverse()
     return Graph(graph.inputs, kept, graph.outputs)
 
