@@ -42,7 +42,9 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   (the first cached call then waits for it).
 * **Stale work dropped.** A cache made with `stale_after` (the deferred
   queue's programs) skips a pending build whose key no lookup has asked for
-  in its last `stale_after` lookups when the compile thread reaches it: while
+  in its last `stale_after` lookups (or, with `stale_calls`, during the last
+  `stale_calls` transform calls) when the compile thread reaches it, and
+  the thread compiles the newest submissions first: while
   the thread is behind, calls move past the queue structures of a warm-up as
   steps land, and compiling those would keep it behind and keep programs no
   call runs. A key met again is counted and submitted anew.
@@ -225,7 +227,7 @@ class RepeatCache(Cache):
     interpreter stack, grad mode): it stages from avals and parameters."""
 
     def __init__(self, name, after, limit, byte_limit=None, count_limit=4096, stale_after=None,
-                 priority=None, doc=""):
+                 stale_calls=None, priority=None, doc=""):
         super().__init__(name, limit, byte_limit, doc=doc)
         self.after = after
         # builds that compile a program wait for those that only stage
@@ -234,11 +236,13 @@ class RepeatCache(Cache):
         self.count_limit = count_limit
         self.pending = {}  # key -> Future of (value, bytes)
         # Dropping stale work: a pending build whose key has not been asked
-        # for in the last `stale_after` lookups of this cache when the
-        # compile thread reaches it is not built (see `_STALE`).
+        # for in the last `stale_after` lookups of this cache, or during the
+        # last `stale_calls` transform calls (`calls_begun`), when the compile
+        # thread reaches it is not built (see `_STALE`).
         self.stale_after = stale_after
+        self.stale_calls = stale_calls
         self.tick = 0  # lookups that found no value
-        self.asked = {}  # pending key -> tick of its latest lookup
+        self.asked = {}  # pending key -> (tick, calls_begun) of its latest lookup
 
     def get(self, key, build):
         """The built value for `key`, or None; raises TypeError when the
@@ -258,7 +262,7 @@ class RepeatCache(Cache):
             waiting = self.pending.get(key)
             if waiting is not None:
                 if self.stale_after is not None:
-                    self.asked[key] = self.tick
+                    self.asked[key] = (self.tick, calls_begun)
                 return self._finish(key, waiting)
         counts = self.counts
         seen = counts.get(key, 0)
@@ -279,10 +283,12 @@ class RepeatCache(Cache):
         if self.stale_after is None:
             job = lambda: _build_and_compile(build)  # noqa: E731
         else:
-            self.asked[stored] = self.tick
+            self.asked[stored] = (self.tick, calls_begun)
 
             def job():
-                if self.tick - self.asked.get(stored, self.tick) > self.stale_after:
+                tick, call = self.asked.get(stored, (self.tick, calls_begun))
+                if self.tick - tick > self.stale_after or (
+                        self.stale_calls is not None and calls_begun - call > self.stale_calls):
                     # not asked for again: nothing would ever collect it
                     self.pending.pop(stored, None)
                     self.asked.pop(stored, None)
@@ -393,8 +399,11 @@ class _CompileThread:
 
     def submit(self, fn, priority):
         future = self._future()
+        order = next(self._order)
         with self._cv:
-            self._push(self._heap, (priority, next(self._order), future, fn))
+            # compilations newest first (see `COMPILING`), the rest in order
+            self._push(self._heap, (priority, -order if priority == COMPILING else order,
+                                    future, fn))
             self._cv.notify()
         return future
 
@@ -407,6 +416,8 @@ class _CompileThread:
             self._cv.notify()
 
     def _run(self):
+        global compile_thread
+        compile_thread = threading.get_ident()
         while True:
             with self._cv:
                 while not self._heap and not self._stopped:
@@ -424,8 +435,20 @@ class _CompileThread:
                 future.set_result(result)
 
 
-# Priorities of the compile thread's jobs.
+# Priorities of the compile thread's jobs. Builds that stage run in the
+# order they were submitted; compilations of programs newest first: while the
+# thread is behind (a warm-up, whose queue structures change call by call as
+# steps land), the newest structure met twice is the one the calls are
+# running now, and the older ones are likely stale by the time their turn
+# comes (measured: the ensemble of benchmarks/run.py compiled its lasting
+# program at its 75th call, after nine programs of structures it had left).
 STAGING, COMPILING, LAST = 0, 1, 2
+
+# Transform calls begun at the top of a thread's stack, on any thread but
+# the compile thread (core.py's `new_interpreter` counts them; the compile
+# thread's staging is not a call): the clock of `RepeatCache(stale_calls=)`.
+calls_begun = 0
+compile_thread = None  # its thread id, once started
 
 
 def _submit(compile_fn, priority=COMPILING):

@@ -42,6 +42,7 @@ from jax import dtypes as _jax_dtypes
 from jax._src.core import set_current_trace as _set_jax_trace
 from jax._src.core import trace_ctx as _jax_trace_ctx
 
+from . import caches as _caches
 from .errors import (
     ConcretizationError,
     EscapedTracerError,
@@ -373,8 +374,11 @@ def new_interpreter(interp):
     """Push `interp` on this thread's stack for the duration of a transform;
     mark it dead afterwards (NOTE [escaped tracers])."""
     stack = _state.stack
+    ident = _get_ident()
+    if not stack and ident != _caches.compile_thread:
+        _caches.calls_begun += 1  # a call begins: the clock of stale builds (caches.py)
     interp.level = len(stack) + 1
-    interp.thread = ident = _get_ident()
+    interp.thread = ident
     interp.jax_trace = _jax_trace_ctx.trace  # NOTE [JAX on functx values]
     stack.append(interp)
     busy[ident] = len(stack)

@@ -441,6 +441,42 @@ def test_a_build_no_lookup_asked_for_lately_is_dropped_not_compiled():
         caches._REGISTRY.pop("test stale builds", None)
 
 
+def test_a_build_not_asked_for_during_the_last_calls_is_stale_and_newest_compiles_first():
+    """While the compile thread is behind, a pending build that no lookup
+    asked for during the last `stale_calls` transform calls is dropped when
+    its turn comes, and of two compilations the newer runs first (the
+    structure the calls run now, not one of a warm-up they left)."""
+    import threading
+
+    if not caches.BACKGROUND:
+        pytest.skip("FUNCTX_BACKGROUND_COMPILE=0: there is no compile thread")
+    order = []
+    cache = caches.RepeatCache("test stale calls", after=1, limit=8, stale_after=1000,
+                               stale_calls=2)
+    gate = threading.Event()
+    f = fx.grad(lambda x: (x * x).sum())
+    x = jnp.ones(3)
+    try:
+        blocker = caches.submit(gate.wait)  # the compile thread is behind
+        for key in ("left", "kept", "newest"):
+            for _ in range(2):  # the second sighting submits the build
+                cache.get(key, lambda key=key: (order.append(key) or key, None))
+            f(x)  # a transform call: the clock of stale_calls
+        for _ in range(3):  # "kept" and "newest" are asked for in every call; "left" is not
+            cache.get("kept", None)
+            cache.get("newest", None)
+            f(x)
+        gate.set()
+        blocker.result()
+        caches.wait_for_compiles()
+        assert order == ["newest", "kept"]
+        assert cache.get("kept", None) == "kept" and cache.get("newest", None) == "newest"
+        assert cache.info()["pending"] == 0 and cache.get("left", None) is None
+    finally:
+        gate.set()
+        caches._REGISTRY.pop("test stale calls", None)
+
+
 def test_finished_builds_never_asked_for_again_are_bounded_by_the_cache():
     """A build that finished for a key no lookup asks for again (a queue
     structure the calls moved past) moves into the cache's bounded entries

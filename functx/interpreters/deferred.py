@@ -77,6 +77,10 @@ from .eval import compile_ahead, compiled
 from .staging import Const, Eqn, Graph, StagingInterpreter, Var
 
 MAX_STEPS = 1024  # steps a queue holds before it runs them
+# A queue structure whose program no flush asked for during this many
+# transform calls is not compiled when the compile thread reaches it (a
+# warm-up's structure the calls have moved past: NOTE [bounded caches])
+STALE_CALLS = 4
 
 try:  # the typed constants JAX's own code passes (jnp.mean's divisor, ...)
     from jax._src import literals as _literals
@@ -308,6 +312,7 @@ def _assign(pendings, vals):
 
 # queue structure -> compiled program; NOTE [bounded caches]
 _programs = RepeatCache("deferred steps", after=1, limit=1024, byte_limit=384 << 20, stale_after=64,
+                        stale_calls=STALE_CALLS,
                         doc="eager transforms: one compiled program per run of queued steps "
                             "(NOTE [deferred eager steps])")
 
