@@ -15,7 +15,8 @@ the calling thread; the warm-up repeats calls until no compile is left
 
 Tables printed:
   1. steady-state median time per call, and the ratios;
-  2. paired ratios of functx.jit to jax.jit and to torch.func: bursts of
+  2. paired ratios of functx.jit to jax.jit and to torch.func, and of
+     functx eager to torch.func eager: bursts of
      the two timed back to back, many times, so that the machine's drift
      (slower than a pair of bursts) cancels in each ratio;
   3. first call (trace + compile + run) of a freshly built functx.jit vs
@@ -448,7 +449,8 @@ def interleaved_medians(calls, rounds, target_s, numbers):
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-PAIRS = (("functx jit", "jax jit"), ("functx jit", "torch.func eager"))
+PAIRS = (("functx jit", "jax jit"), ("functx jit", "torch.func eager"),
+         ("functx eager", "torch.func eager"))
 
 
 def paired_ratios(call_a, call_b, number_a, number_b, rounds):
