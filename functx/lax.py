@@ -157,28 +157,49 @@ _NO_OPERAND = object()
 #   dropped.
 # * Other values are keyed by value when they are immutable (None, bools,
 #   numbers, strings, dtypes, tuples of these) and by identity (held
-#   weakly where Python allows) when they are modules, classes, library
-#   functions (JAX, NumPy, functx, installed packages) or, among globals,
-#   any other object. Values reached *inside* such an object (its
-#   attributes, a list's items, a global library function's globals) are
-#   assumed not to change between calls, as JAX assumes for a function it
-#   has traced.
+#   weakly where Python allows) when they are modules, classes or library
+#   functions (JAX, NumPy, functx, installed packages).
+# * Containers and objects are keyed by what they hold, so that one whose
+#   contents changed between calls is staged anew, as JAX's eager loops
+#   (which trace a new function every call) see the change:
+#   - a pytree (a list, a dict, an Equinox module, a registered dataclass)
+#     by its tree structure and its leaves, walked as above; where it holds
+#     arrays the body is staged with a copy rebuilt from the structure with
+#     staged inputs in their place (an Equinox model closed over by a scan
+#     body under `grad` is one graph for every call);
+#   - an instance of a plain Python class (or a SimpleNamespace) by its
+#     class and its instance dict, walked as above, when it holds no arrays
+#     (an arbitrary object is not rebuilt) and its class neither has slots,
+#     nor derives from a built-in type other than object, nor defines
+#     `__getattr__`/`__getattribute__`.
+#   Among globals the walk of one object may take `_GLOBAL_WALK_LIMIT`
+#   values; a global object it cannot key this way (too large, an object
+#   holding arrays, a dict subclass) is keyed by identity and its contents
+#   are assumed not to change between calls, as jax.jit assumes of what a
+#   traced function reads. So are values reached inside a library function
+#   or a class (its globals, its class attributes).
 #
 # A body is staged as written instead (concrete arrays it closes over
 # become graph constants), its graph cached per function object and only
 # while it captures no value of a transform (as JAX caches per function),
 # when its snapshot cannot be taken or would not be sound: its closure
-# holds a mutable or unknown object (a list, a dict, a class instance, an
-# object's bound method: e.g. a model whose parameters functional_call
-# swaps), its code assigns a variable of its closure (`nonlocal`), or it
-# assigns globals while arrays among its globals must be replaced; and when
-# staging it with staged inputs in place of its arrays fails (Python control
-# flow on a closed-over array, NumPy on it), which is remembered for its key.
+# holds an object that cannot be keyed as above (a plain object holding an
+# array, e.g. a model whose parameters functional_call swaps in; an object
+# with slots or its own `__getattr__`; a cycle; more than `_WALK_LIMIT`
+# values in all), its code assigns a variable of its closure (`nonlocal`),
+# or it assigns globals while arrays among its globals must be replaced;
+# and when staging it with staged inputs in place of its arrays fails
+# (Python control flow on a closed-over array, NumPy on it), which is
+# remembered for its key. A body's Python runs when it is staged, so its
+# side effects (appending to a list it closes over) happen once per graph,
+# as under jax.jit.
 #
 # Caches: `_STAGED` (staged graphs) holds at most `_STAGED_LIMIT` entries,
 # least recently used first out; an entry whose key names an object that
 # dies (a function object, an identity-keyed global) is dropped at once.
-# Entries hold graphs, never user functions. Derived graphs live on their
+# Entries hold graphs, never user functions (a key keeps a pytree's structure:
+# its static data, e.g. an Equinox module's class and static fields, stays
+# alive until the entry is evicted). Derived graphs live on their
 # graph (graph.cache), and so do the compiled loop programs, at most
 # `PROGRAMS_LIMIT` of them in all (NOTE [compiled loops] in
 # functx/primitives/control.py): they go with the graph. `jax.lax` loops
@@ -187,6 +208,7 @@ _NO_OPERAND = object()
 
 _STAGED_LIMIT = 128  # staged body graphs kept (LRU)
 _WALK_LIMIT = 400  # values a snapshot may visit before the body counts as unsnapshotable
+_GLOBAL_WALK_LIMIT = 100  # values a global object's contents may take before it is keyed by identity
 
 _MISSING = object()
 _EMPTY_CELL = ("empty-cell",)
@@ -376,6 +398,26 @@ def _is_array(x):
     return t is _np.ndarray and x.dtype.kind in "biufc"
 
 
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+_ATTRIBUTE_BAGS = (object, _types.SimpleNamespace)
+
+
+def _plain_attributes(cls):
+    """Whether an instance of `cls` is what its instance dict holds: Python
+    classes over `object` (or SimpleNamespace) without slots and without a
+    `__getattr__`/`__getattribute__` of their own. Not a subclass of a
+    built-in container (a dict subclass's items are not in its `__dict__`)."""
+    for base in cls.__mro__:
+        if base in _ATTRIBUTE_BAGS:
+            continue
+        if not base.__flags__ & _HEAP_TYPE or "__slots__" in base.__dict__:
+            return False
+        for name in ("__getattr__", "__getattribute__"):
+            if isinstance(base.__dict__.get(name), _types.FunctionType):
+                return False
+    return True
+
+
 class _Snapshot:
     """Walks what a body reads (NOTE [staged bodies: one graph per code and
     closure]): `key` identifies it, `arrays` are the arrays in it, in order,
@@ -458,11 +500,62 @@ class _Snapshot:
             return ("M", f[0], s[0]), rebuild, f[2] or s[2]
         if t in _LIBRARY_TYPES or isinstance(v, (type, _enum.Enum)):
             return self.ident(v), None, False
-        if global_:
-            # Any other global object (a list, a dict, an instance): by
-            # identity, its contents assumed unchanged (as JAX assumes).
-            return self.ident(v), None, False
-        raise _Uncacheable
+        if not global_:
+            return self.container(v)
+        # A global list, dict or instance: by its contents where they can be
+        # walked within a smaller budget, else by identity, its contents then
+        # assumed unchanged (as jax.jit assumes of what a function reads).
+        saved, budget = self.save(), self.budget
+        self.budget = min(budget, _GLOBAL_WALK_LIMIT)
+        try:
+            found = self.container(v)
+        except (_Uncacheable, TypeError):
+            self.restore(saved)
+            found = self.ident(v), None, False
+        self.budget = budget - (min(budget, _GLOBAL_WALK_LIMIT) - max(self.budget, 0))
+        return found
+
+    def save(self):
+        return (len(self.arrays), len(self.idents), len(self.writers), set(self.visiting),
+                dict(self.funcs), {k: (G, i, dict(slots)) for k, (G, i, slots) in self.globals.items()},
+                set(self.copied))
+
+    def restore(self, saved):
+        """Forget what a walk that failed added (its arrays, functions, globals)."""
+        n_arrays, n_idents, n_writers, self.visiting, self.funcs, self.globals, self.copied = saved
+        del self.arrays[n_arrays:], self.idents[n_idents:], self.writers[n_writers:]
+
+    def container(self, v):
+        """(key, rebuild, has arrays) of a list, dict or other object the
+        body's closure, defaults or bound method hold: a pytree by its
+        structure and leaves (rebuilt from them where it holds arrays), an
+        instance of a plain class by its class and attributes when it holds
+        no arrays."""
+        if id(v) in self.visiting:  # a cycle
+            raise _Uncacheable
+        leaves, treedef = _tree.tree_flatten(v)
+        if treedef.num_nodes != 1 or treedef.num_leaves != 1:  # a pytree node
+            hash(treedef)  # static data that cannot be compared: TypeError, as written
+            self.visiting.add(id(v))
+            parts = [self.value(x) for x in leaves]
+            self.visiting.discard(id(v))
+            dyn = any(p[2] for p in parts)
+            rebuild = None
+            if dyn:
+                def rebuild(ctx, parts=parts, leaves=leaves, treedef=treedef):
+                    return treedef.unflatten([ctx.apply(r, x)
+                                              for (_, r, _), x in zip(parts, leaves)])
+            return ("Tr", treedef, tuple(p[0] for p in parts)), rebuild, dyn
+        t = type(v)
+        attrs = getattr(v, "__dict__", None)
+        if type(attrs) is not dict or not _plain_attributes(t):
+            raise _Uncacheable
+        self.visiting.add(id(v))
+        parts = [(k, self.value(x)) for k, x in sorted(attrs.items())]
+        self.visiting.discard(id(v))
+        if any(p[2] for _, p in parts):  # an arbitrary object is not rebuilt
+            raise _Uncacheable
+        return ("O", self.ident(t), tuple((k, p[0]) for k, p in parts)), None, False
 
     def function(self, fn):
         hit = self.funcs.get(id(fn))

@@ -20,6 +20,7 @@ small compilations.
 import collections
 import gc
 import logging
+import types
 import weakref
 
 import jax
@@ -360,10 +361,106 @@ def test_python_control_flow_on_a_closed_over_array():
         _close(fx.grad(lambda w: loss_inside(flax, w, b))(W), want)
 
 
+# What a body's closure holds besides arrays and functions: a pytree (dict,
+# list, Equinox module) by its structure and leaves, a plain object by its
+# class and attributes. A global object the same way, where its contents are
+# small (else by identity).
+
+
+class _Activation:
+    def __init__(self, fn, scale):
+        self.fn, self.scale = fn, scale
+
+
+def _object_loss(L, w, act, params):
+    def step(h, x):
+        STAGED["object"] += 1
+        return act.fn(h @ w + x + params["b"]) * act.scale, None
+
+    return L.scan(step, H0, XS)[0].sum()
+
+
+@pytest.mark.slow
+def test_a_body_closing_over_a_pytree_or_an_object_stages_once():
+    """A new object of equal attributes and a dict of that call's values find
+    the staged body; a changed attribute restages, a changed array does not."""
+    cases = [(jnp.tanh, 0.5, H0), (jnp.tanh, 0.5, -H0), (jnp.sin, 0.5, H0), (jnp.sin, 2.0, H0)]
+    for k, (fn, scale, b) in enumerate(cases):
+        before = STAGED["object"]
+        got = fx.grad(lambda w, p: _object_loss(flax, w, _Activation(fn, scale), p),
+                      argnums=(0, 1))(W, {"b": b})
+        assert STAGED["object"] == before + (0 if k == 1 else 1), k
+        want = jax.grad(lambda w, p: _object_loss(jax.lax, w, _Activation(fn, scale), p),
+                        argnums=(0, 1))(W, {"b": b})
+        _close(got, want)
+
+
+@pytest.mark.slow
+def test_a_body_closing_over_an_equinox_module_stages_and_compiles_once():
+    eqx = pytest.importorskip("equinox")
+    cell = eqx.nn.GRUCell(N, N, key=jax.random.PRNGKey(0))
+
+    def loss(L, model):
+        def step(h, x):
+            STAGED["eqx"] += 1
+            return model(x, h), None
+
+        return L.scan(step, H0, XS)[0].sum()
+
+    got = _repeat("eqx", lambda: fx.grad(lambda m: loss(flax, m))(cell))
+    _close(got, jax.grad(lambda m: loss(jax.lax, m))(cell))
+    counts = _loop_compiles(lambda: fx.grad(lambda m: loss(flax, m))(cell), calls=3)
+    assert counts == [0, 0, 0], counts
+
+
+GLOBAL_OPTIONS = {"fn": jnp.tanh, "b": H0}
+
+
+def _global_options_loss(L, w):
+    def step(h, x):
+        return GLOBAL_OPTIONS["fn"](h @ w + x + GLOBAL_OPTIONS["b"]), None
+
+    return L.scan(step, H0, XS)[0].sum()
+
+
+@pytest.mark.slow
+def test_a_global_object_changed_between_calls_gives_the_new_result():
+    """A global dict or plain object whose contents change between calls: the
+    body reads the new contents, as JAX's eager scan (which traces a new
+    lambda anew) does. It was keyed by identity and kept the first call's."""
+    options = types.SimpleNamespace(scale=0.5)
+
+    def loss(L, w):
+        return L.scan(lambda h, x: (jnp.tanh(h @ w + x) * options.scale, None),
+                      H0, XS)[0].sum()
+
+    try:
+        for fn, b, scale in [(jnp.tanh, H0, 0.5), (jnp.sin, H0, 0.5), (jnp.sin, -H0, 2.0)]:
+            GLOBAL_OPTIONS["fn"], GLOBAL_OPTIONS["b"] = fn, b
+            options.scale = scale
+            _close(fx.grad(lambda w: _global_options_loss(flax, w))(W),
+                   jax.grad(lambda w: _global_options_loss(jax.lax, w))(W))
+            _close(fx.grad(lambda w: loss(flax, w))(W), jax.grad(lambda w: loss(jax.lax, w))(W))
+    finally:
+        GLOBAL_OPTIONS.update(fn=jnp.tanh, b=H0)
+
+
+@pytest.mark.slow
+def test_an_object_holding_an_array_is_read_anew_each_call():
+    box = _Box(H0)
+
+    def loss(L, w):
+        return L.scan(lambda h, x: (jnp.tanh(h @ w + box.a), None), H0, XS)[0].sum()
+
+    for b in (H0, 3.0 * H0):
+        box.a = b
+        _close(fx.grad(lambda w: loss(flax, w))(W), jax.grad(lambda w: loss(jax.lax, w))(W))
+
+
 @pytest.mark.slow
 def test_mutable_closure_state():
-    """A body that assigns a variable of its closure (nonlocal) or closes
-    over a list is staged per function object, as in JAX."""
+    """A body that assigns a variable of its closure (nonlocal) is staged per
+    function object, as in JAX."""
     calls = []
     n = 0
 
@@ -396,10 +493,21 @@ def test_under_jit():
 # Memory
 
 
+class _Box:
+    """A plain object holding an array: a body closing over it is staged as
+    written, per function object (an arbitrary object is not rebuilt)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __getitem__(self, i):
+        return self.a
+
+
 def _drop_body(plain):
     a = jnp.arange(float(N)) + 1.0  # a fresh array only the body refers to
     ref = weakref.ref(a)
-    box = [a]  # a list in the closure: staged the old way, per function object
+    box = _Box(a)  # staged the old way, per function object
 
     def loss(w):
         if plain:
