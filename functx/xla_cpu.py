@@ -164,7 +164,10 @@ def top_level():
 # primitive whose result may come from a final multiplication, which is
 # most arithmetic) gets its own call, so its result is rounded and stored
 # before a sum reads it; so does a reduction, which then never sees the
-# broadcast it sums. Loops compiled for eager calls keep their bodies'
+# broadcast it sums. JAX primitives functx borrows (NOTE [foreign
+# primitives]) are evaluated the same way, and so is a primitive whose
+# parameters do not hash (its call then is not cached). Loops compiled
+# for eager calls keep their bodies'
 # calls too, as they are when a loop sits in a combined program. (Which NaN
 # an operation returns is not fixed either way: NaNs are equal, not their
 # bits.) Measured on the 2-core VM: the same warm speed,
@@ -177,7 +180,7 @@ def top_level():
 # meets a call it has no indexing for; seen on an H200, jax 0.11.2). There
 # the same primitives sit between optimisation barriers instead, on their
 # operands and results (also for the hand-written evaluations of
-# `defimpl`: graph calls, loops, borrowed JAX primitives). The simplifier
+# `defimpl`: graph calls, loops). The simplifier
 # sees through no barrier, so it rewrites nothing across primitives; the
 # barriers are removed before fusion, so the program fuses as before, and
 # a product may still be contracted into the sum it feeds. On the H200,

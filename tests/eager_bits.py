@@ -60,8 +60,32 @@ def bits(out):  # NaNs aside: which NaN an operation returns is not fixed
     return np.where(np.isnan(out), np.nan, out).tobytes()
 
 
+def borrowed_product():
+    """A primitive defined the way a JAX library defines one (functx has no
+    definition of it and borrows JAX's rules): a product, whose result a sum
+    reads next."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir
+
+    prim = Primitive("eager_bits_product")
+
+    def product(a, b):
+        return a * b
+
+    prim.def_impl(product)
+    prim.def_abstract_eval(
+        lambda a, b: jax.core.ShapedArray(np.broadcast_shapes(a.shape, b.shape), a.dtype))
+    mlir.register_lowering(prim, mlir.lower_fun(product, multiple_results=False))
+    ad.defjvp(prim, lambda t, a, b: t * b, lambda t, a, b: a * t)
+    batching.defbroadcasting(prim)
+    return lambda w, x: jnp.sum(jnp.tanh(prim.bind(w, x) + w * 0.5))
+
+
 def main(programs):
-    cases = {"tanh's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.tanh(w @ x))), X[0])}
+    borrowed = borrowed_product()
+    cases = {"tanh's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.tanh(w @ x))), X[0]),
+             "grad of a borrowed JAX primitive": (fx.grad(borrowed), X[0]),
+             "vmap(grad) of a borrowed JAX primitive": (fx.vmap(fx.grad(borrowed), in_dims=(None, 0)), X)}
     for seed in range(programs):
         name, case = list(transforms(random_program(seed)).items())[seed % 3]
         cases[f"{name} of random program {seed}"] = case

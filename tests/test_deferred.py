@@ -433,9 +433,10 @@ def test_first_calls_equal_later_ones_bit_for_bit_under_default_xla_options():
     steps run first by per-primitive programs, then by combined ones: the
     bits must agree all the same (NOTE [one rounding per primitive], NOTE
     [transposed as if inlined]), over gradients, per-sample gradients and
-    gradients of gradients of random programs, in a child process with
-    XLA's default options. (Before: 20 of 40 such programs differed in the
-    last bit.) Where the eager engine cannot keep its calls (no CPU backend,
+    gradients of gradients of random programs, and of a JAX primitive
+    functx borrows (bound inline in combined programs until 2026-12: it
+    differed), in a child process with XLA's default options. (Before: 20
+    of 40 random programs differed in the last bit.) Where the eager engine cannot keep its calls (no CPU backend,
     or a jaxlib without the option) a mismatch is recorded as xfail."""
     import json
     import os

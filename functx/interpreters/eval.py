@@ -22,12 +22,20 @@ impl_rules = {}  # Primitive -> callable(*args, **params)
 _JaxTracer = jax.core.Tracer
 
 
-def lower_to_jax(prim):
-    """Register the evaluation of `prim` as its JAX primitive."""
+def lower_to_jax(prim, bind=None):
+    """Register the evaluation of `prim` as its JAX primitive, bound by
+    `bind(*args, **params)` (default: the JAX primitive's own bind; a
+    borrowed primitive binds with the parameters of its jaxpr equation)."""
     jax_prim = prim.jax
+    own = bind is None
+    if own:
+        bind = jax_prim.bind
     compiled = {}  # NOTE [bounded caches]: FIFO, at most PROGRAMS_PER_PRIMITIVE
     sized = prim.name == "dot_general"  # NOTE [XLA:CPU's matrix-product library]
     fusible = prim.name in xla_cpu.FUSIBLE
+
+    def inline(xs, ps):
+        return _bind_traced(jax_prim, xs, ps) if own else bind(*xs, **ps)
 
     def impl(*args, **params):
         for a in args:
@@ -36,9 +44,8 @@ def lower_to_jax(prim):
                 if mode and not (fusible and all(isinstance(b, _JaxTracer) for b in args)):
                     if mode == "calls":
                         break  # a call of its own program
-                    return xla_cpu.between_barriers(
-                        lambda *xs, **ps: _bind_traced(jax_prim, xs, ps), args, params)
-                return _bind_traced(jax_prim, args, params)
+                    return xla_cpu.between_barriers(lambda *xs, **ps: inline(xs, ps), args, params)
+                return inline(args, params)
         try:
             # options are for programs compiled alone, not for calls nested
             # in another program (jax.jit refuses them there)
@@ -52,10 +59,12 @@ def lower_to_jax(prim):
                 options = xla_cpu.keep_calls(xla_cpu.products_off() if key[2] else None)
             if len(compiled) >= PROGRAMS_PER_PRIMITIVE:
                 del compiled[next(iter(compiled))]
-            fn = compiled[key] = jax.jit(_named_bind(jax_prim, params),
+            fn = compiled[key] = jax.jit(_named_bind(bind, jax_prim.name, params),
                                          compiler_options=options)
         except (TypeError, AttributeError):  # unhashable parameters, shapeless args: no cache
-            return jax_prim.bind(*args, **params)
+            if not top and getattr(_tracing, "mode", None) == "calls":  # still its own call
+                return jax.jit(_named_bind(bind, jax_prim.name, params))(*args)
+            return bind(*args, **params)
         return fn(*args)
 
     impl.programs = compiled  # parameters (and for dot_general: large?) -> jitted bind
@@ -95,12 +104,12 @@ PROGRAMS_PER_PRIMITIVE = 512  # distinct parameter sets per primitive
 _PROGRAMS = []  # the `programs` dict of every primitive lowered here
 
 
-def _named_bind(jax_prim, params):
-    def bind(*args):
-        return jax_prim.bind(*args, **params)
+def _named_bind(bind, name, params):
+    def program(*args):
+        return bind(*args, **params)
 
-    bind.__name__ = bind.__qualname__ = f"functx_eval_{jax_prim.name}"
-    return bind
+    program.__name__ = program.__qualname__ = f"functx_eval_{name}"
+    return program
 
 
 caches.register(
