@@ -157,8 +157,8 @@ _NO_OPERAND = object()
 #   dropped.
 # * Other values are keyed by value when they are immutable (None, bools,
 #   numbers, strings, dtypes, tuples of these) and by identity (held
-#   weakly where Python allows) when they are modules, classes or library
-#   functions (JAX, NumPy, functx, installed packages).
+#   weakly where Python allows) when they are modules, library classes or
+#   library functions (JAX, NumPy, functx, installed packages).
 # * Containers and objects are keyed by what they hold, so that one whose
 #   contents changed between calls is staged anew, as JAX's eager loops
 #   (which trace a new function every call) see the change:
@@ -171,24 +171,34 @@ _NO_OPERAND = object()
 #     class and its instance dict, walked as above, when it holds no arrays
 #     (an arbitrary object is not rebuilt) and its class neither has slots,
 #     nor derives from a built-in type other than object, nor defines
-#     `__getattr__`/`__getattribute__`.
+#     `__getattr__`/`__getattribute__`;
+#   - a class of user code (an object's, a pytree node's, or one the code
+#     names) by identity and by what its methods and class attributes read,
+#     walked as globals are, so a method reading a global array or a class
+#     attribute changed between calls is seen; a method that cannot be
+#     walked (its closure holds a set, as a dataclass's `__repr__` does) is
+#     keyed by identity.
 #   Among globals the walk of one object may take `_GLOBAL_WALK_LIMIT`
-#   values; a global object it cannot key this way (too large, an object
-#   holding arrays, a dict subclass) is keyed by identity and its contents
-#   are assumed not to change between calls, as jax.jit assumes of what a
+#   values; a global object it cannot key this way (too large, a dict
+#   subclass) is keyed by identity (and its class as above), its contents
+#   assumed not to change between calls, as jax.jit assumes of what a
 #   traced function reads. So are values reached inside a library function
-#   or a class (its globals, its class attributes).
+#   or a library class. An object or class holding arrays that cannot be
+#   replaced by staged inputs (a plain object's attribute, a class
+#   attribute, a method reading a global array) is never keyed by identity:
+#   that would bake in the arrays it holds now (`_HoldsArrays`).
 #
 # A body is staged as written instead (concrete arrays it closes over
 # become graph constants), its graph cached per function object and only
 # while it captures no value of a transform (as JAX caches per function),
 # when its snapshot cannot be taken or would not be sound: its closure
-# holds an object that cannot be keyed as above (a plain object holding an
-# array, e.g. a model whose parameters functional_call swaps in; an object
-# with slots or its own `__getattr__`; a cycle; more than `_WALK_LIMIT`
-# values in all), its code assigns a variable of its closure (`nonlocal`),
-# or it assigns globals while arrays among its globals must be replaced;
-# and when staging it with staged inputs in place of its arrays fails
+# or its globals reach an object that cannot be keyed as above (a plain
+# object holding an array, e.g. a model object a training loop updates in
+# place; an object with slots or its own `__getattr__` in the closure; a
+# cycle; more than `_WALK_LIMIT` values in all), its code assigns a
+# variable of its closure (`nonlocal`), or it assigns globals while arrays
+# among its globals must be replaced; and when staging it with staged
+# inputs in place of its arrays fails
 # (Python control flow on a closed-over array, NumPy on it), which is
 # remembered for its key. A body's Python runs when it is staged, so its
 # side effects (appending to a list it closes over) happen once per graph,
@@ -207,7 +217,7 @@ _NO_OPERAND = object()
 # traced (NOTE [lifted bodies by structure], same file).
 
 _STAGED_LIMIT = 128  # staged body graphs kept (LRU)
-_WALK_LIMIT = 400  # values a snapshot may visit before the body counts as unsnapshotable
+_WALK_LIMIT = 1000  # values a snapshot may visit before the body counts as unsnapshotable
 _GLOBAL_WALK_LIMIT = 100  # values a global object's contents may take before it is keyed by identity
 
 _MISSING = object()
@@ -310,6 +320,11 @@ class _Uncacheable(Exception):
     """The snapshot of a body cannot be taken (or would not be sound)."""
 
 
+class _HoldsArrays(_Uncacheable):
+    """An object or class the body reads holds arrays that a staged input
+    cannot replace: keying it by identity instead would bake them in."""
+
+
 # Per code object: (global names it and its nested code read, whether it or
 # its nested code assigns a variable of its closure, whether it assigns
 # globals). Keyed by id, checked through a weak reference.
@@ -398,6 +413,21 @@ def _is_array(x):
     return t is _np.ndarray and x.dtype.kind in "biufc"
 
 
+def _node_types(treedef):
+    """The classes of the nodes of a pytree structure (user classes among
+    them have methods the body may call)."""
+    todo, seen = [treedef], []
+    while todo:
+        node = todo.pop()
+        data = node.node_data()
+        if data is None:
+            continue
+        if data[0] not in seen:
+            seen.append(data[0])
+        todo.extend(node.children())
+    return seen
+
+
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
 _ATTRIBUTE_BAGS = (object, _types.SimpleNamespace)
 
@@ -429,6 +459,7 @@ class _Snapshot:
         self.budget = _WALK_LIMIT
         self.visiting = set()
         self.funcs = {}  # id(fn) -> (key, rebuild, has arrays): functions walked
+        self.classes = {}  # id(cls) -> key: classes of objects walked
         self.globals = {}  # id(G) -> (G, index, {name: [key, rebuild, has arrays]})
         self.copied = set()  # id(G) of the globals dicts staging needs a copy of
         self.writers = []  # globals dicts of walked functions that assign globals
@@ -498,6 +529,8 @@ class _Snapshot:
                     return _types.MethodType(ctx.apply(f[1], v.__func__),
                                              ctx.apply(s[1], v.__self__))
             return ("M", f[0], s[0]), rebuild, f[2] or s[2]
+        if isinstance(v, type) and not _is_library_function(v):
+            return self.klass(v), None, False
         if t in _LIBRARY_TYPES or isinstance(v, (type, _enum.Enum)):
             return self.ident(v), None, False
         if not global_:
@@ -509,20 +542,23 @@ class _Snapshot:
         self.budget = min(budget, _GLOBAL_WALK_LIMIT)
         try:
             found = self.container(v)
+        except _HoldsArrays:
+            raise
         except (_Uncacheable, TypeError):
             self.restore(saved)
-            found = self.ident(v), None, False
+            found = ("I-obj", self.ident(v), self.klass(type(v))), None, False
         self.budget = budget - (min(budget, _GLOBAL_WALK_LIMIT) - max(self.budget, 0))
         return found
 
     def save(self):
         return (len(self.arrays), len(self.idents), len(self.writers), set(self.visiting),
                 dict(self.funcs), {k: (G, i, dict(slots)) for k, (G, i, slots) in self.globals.items()},
-                set(self.copied))
+                set(self.copied), dict(self.classes))
 
     def restore(self, saved):
         """Forget what a walk that failed added (its arrays, functions, globals)."""
-        n_arrays, n_idents, n_writers, self.visiting, self.funcs, self.globals, self.copied = saved
+        (n_arrays, n_idents, n_writers, self.visiting, self.funcs, self.globals, self.copied,
+         self.classes) = saved
         del self.arrays[n_arrays:], self.idents[n_idents:], self.writers[n_writers:]
 
     def container(self, v):
@@ -537,6 +573,7 @@ class _Snapshot:
         if treedef.num_nodes != 1 or treedef.num_leaves != 1:  # a pytree node
             hash(treedef)  # static data that cannot be compared: TypeError, as written
             self.visiting.add(id(v))
+            classes = tuple(self.klass(c) for c in _node_types(treedef))
             parts = [self.value(x) for x in leaves]
             self.visiting.discard(id(v))
             dyn = any(p[2] for p in parts)
@@ -545,17 +582,63 @@ class _Snapshot:
                 def rebuild(ctx, parts=parts, leaves=leaves, treedef=treedef):
                     return treedef.unflatten([ctx.apply(r, x)
                                               for (_, r, _), x in zip(parts, leaves)])
-            return ("Tr", treedef, tuple(p[0] for p in parts)), rebuild, dyn
+            return ("Tr", treedef, classes, tuple(p[0] for p in parts)), rebuild, dyn
         t = type(v)
         attrs = getattr(v, "__dict__", None)
         if type(attrs) is not dict or not _plain_attributes(t):
             raise _Uncacheable
         self.visiting.add(id(v))
+        cls = self.klass(t)
         parts = [(k, self.value(x)) for k, x in sorted(attrs.items())]
         self.visiting.discard(id(v))
         if any(p[2] for _, p in parts):  # an arbitrary object is not rebuilt
-            raise _Uncacheable
-        return ("O", self.ident(t), tuple((k, p[0]) for k, p in parts)), None, False
+            raise _HoldsArrays
+        return ("O", cls, tuple((k, p[0]) for k, p in parts)), None, False
+
+    def klass(self, cls):
+        """The key of the class of an object the body reads: its identity,
+        and for the classes of user code in its MRO what their methods and
+        class attributes read (walked as functions and values are). A
+        method or class attribute holding arrays cannot be rebuilt."""
+        hit = self.classes.get(id(cls))
+        if hit is not None:
+            return hit
+        key = self.classes[id(cls)] = ("C", self.ident(cls))  # a class its methods name
+        parts = []
+        for base in cls.__mro__:
+            if _is_library_function(base):
+                continue
+            for name, attr in base.__dict__.items():
+                if type(attr) in (staticmethod, classmethod):
+                    attr = attr.__func__
+                elif type(attr) is property:
+                    attr = (attr.fget, attr.fset, attr.fdel)
+                elif not isinstance(attr, _types.FunctionType) and (
+                        name.startswith("__") or name.startswith("_abc_")):
+                    continue  # the class's own bookkeeping
+                parts.append((name, self.class_attribute(attr)))
+        key = self.classes[id(cls)] = key + (tuple(parts),)
+        return key
+
+    def class_attribute(self, attr):
+        """The key of a method or class attribute: walked as a global is;
+        one that cannot be walked (a closure holding a set, e.g. a
+        dataclass's `__repr__`) by identity. Arrays in it cannot be
+        replaced (the class is not rebuilt): the body is staged as written."""
+        saved, budget = self.save(), self.budget
+        try:
+            k, _, dyn = self.value(attr, global_=True)
+        except _HoldsArrays:
+            raise
+        except (_Uncacheable, TypeError):
+            if self.budget < 0:
+                raise
+            self.restore(saved)
+            self.budget = budget - 1
+            return self.ident(attr)
+        if dyn:
+            raise _HoldsArrays
+        return k
 
     def function(self, fn):
         hit = self.funcs.get(id(fn))

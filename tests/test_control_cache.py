@@ -445,16 +445,88 @@ def test_a_global_object_changed_between_calls_gives_the_new_result():
         GLOBAL_OPTIONS.update(fn=jnp.tanh, b=H0)
 
 
+GLOBAL_SHIFT = H0
+
+
+class _Shifted:
+    """Its method reads a global array and a class attribute."""
+
+    scale = 0.5
+
+    def __call__(self, v):
+        return jnp.tanh(v + GLOBAL_SHIFT) * self.scale
+
+
+@pytest.mark.slow
+def test_what_an_objects_methods_read_is_part_of_the_key():
+    """The methods of a user's class (a plain one, an Equinox module) are
+    followed like the body's own functions: a global array they read stays
+    an input of the graph, a class attribute or global changed between
+    calls gives the new result."""
+    global GLOBAL_SHIFT
+    eqx = pytest.importorskip("equinox")
+
+    class Cell(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, h, x):
+            return _Shifted()(h @ self.w + x)
+
+    def loss(L, w, obj):
+        return L.scan(lambda h, x: (obj(h @ w + x), None), H0, XS)[0].sum()
+
+    def cell_loss(L, w):
+        cell = Cell(w)
+        return L.scan(lambda h, x: (cell(h, x), None), H0, XS)[0].sum()
+
+    try:
+        for shift, scale in [(H0, 0.5), (-H0, 0.5), (-H0, 2.0)]:
+            GLOBAL_SHIFT, _Shifted.scale = shift, scale
+            _close(fx.grad(lambda w: loss(flax, w, _Shifted()))(W),
+                   jax.grad(lambda w: loss(jax.lax, w, _Shifted()))(W))
+            _close(fx.grad(lambda w: cell_loss(flax, w))(W),
+                   jax.grad(lambda w: cell_loss(jax.lax, w))(W))
+    finally:
+        GLOBAL_SHIFT, _Shifted.scale = H0, 0.5
+
+
+class _Box:
+    """A plain object holding an array: a body closing over it is staged as
+    written, per function object (an arbitrary object is not rebuilt)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __getitem__(self, i):
+        return self.a
+
+
+GLOBAL_BOX = _Box(H0)
+
+
+def _global_box_loss(L, w):
+    return L.scan(lambda h, x: (jnp.tanh(h @ w + GLOBAL_BOX.a), None), H0, XS)[0].sum()
+
+
 @pytest.mark.slow
 def test_an_object_holding_an_array_is_read_anew_each_call():
+    """A plain object holding an array, in the closure or a global (a model
+    object a training loop updates in place): the body reads the array the
+    object holds now. The global one was keyed by identity, its array baked
+    into the graph."""
     box = _Box(H0)
 
     def loss(L, w):
         return L.scan(lambda h, x: (jnp.tanh(h @ w + box.a), None), H0, XS)[0].sum()
 
-    for b in (H0, 3.0 * H0):
-        box.a = b
-        _close(fx.grad(lambda w: loss(flax, w))(W), jax.grad(lambda w: loss(jax.lax, w))(W))
+    try:
+        for b in (H0, 3.0 * H0):
+            box.a = GLOBAL_BOX.a = b
+            _close(fx.grad(lambda w: loss(flax, w))(W), jax.grad(lambda w: loss(jax.lax, w))(W))
+            _close(fx.grad(lambda w: _global_box_loss(flax, w))(W),
+                   jax.grad(lambda w: _global_box_loss(jax.lax, w))(W))
+    finally:
+        GLOBAL_BOX.a = H0
 
 
 @pytest.mark.slow
@@ -491,17 +563,6 @@ def test_under_jit():
 
 # --------------------------------------------------------------------------
 # Memory
-
-
-class _Box:
-    """A plain object holding an array: a body closing over it is staged as
-    written, per function object (an arbitrary object is not rebuilt)."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __getitem__(self, i):
-        return self.a
 
 
 def _drop_body(plain):
