@@ -478,12 +478,23 @@ MAX_WAIT = 0.03
 
 
 def _wait_for_idle():
+    """Wait (at most `MAX_WAIT` seconds) until no other thread is inside a
+    transform; returns whether none is."""
     from .core import busy
 
     me = threading.get_ident()
     deadline = time.perf_counter() + MAX_WAIT
-    while any(t != me for t in list(busy)) and time.perf_counter() < deadline:
+    while any(t != me for t in list(busy)):
+        if time.perf_counter() >= deadline:
+            return False
         time.sleep(0.0005)
+    return True
+
+
+def idle_now():
+    """On the compile thread: whether no call is in progress, after waiting
+    for one to end at most `MAX_WAIT` seconds."""
+    return _wait_for_idle()
 
 
 def _counted(compile_fn):

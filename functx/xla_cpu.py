@@ -28,6 +28,8 @@ enclosing jax.jit) keeps XLA's defaults, those of the enclosing program.
 import functools
 import math
 import threading
+import time
+import weakref
 
 import jax
 import jax.extend.core
@@ -261,10 +263,41 @@ def jit_by_size(fn, sizes, eager=False):
     tuned = jax.jit(fn, compiler_options=options)
 
     def call(*args):
-        return (tuned if top_level() else plain)(*args)
+        if not top_level():
+            return plain(*args)
+        out = tuned(*args)
+        if eager:  # NOTE [a program's first run] in interpreters/eval.py
+            leaf = out[0] if type(out) is list and out else out
+            try:
+                _last_run[0] = weakref.ref(leaf)
+            except TypeError:
+                pass
+        return out
 
     call.lower = lambda *args: (tuned if top_level() else plain).lower(*args)
+    call.trace = lambda *args: (tuned if top_level() else plain).trace(*args)
     return call
+
+
+_last_run = [None]  # a weak reference to an output of the last eager program dispatched
+
+
+def last_program_finished(wait):
+    """Whether the eager engine's last program dispatched at the top level
+    has finished (or was dropped), after waiting for it at most `wait`
+    seconds."""
+    deadline = time.perf_counter() + wait
+    while True:
+        ref = _last_run[0]
+        out = ref() if ref is not None else None
+        try:
+            if out is None or out.is_ready():
+                return True
+        except Exception:  # noqa: BLE001 - deleted or not an array: nothing to wait for
+            return True
+        if time.perf_counter() >= deadline:
+            return False
+        time.sleep(0.0005)
 
 
 def _known():

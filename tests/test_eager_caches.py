@@ -515,3 +515,57 @@ def test_the_compile_thread_stages_before_it_compiles():
         gate.set()
     blocker.result(), compiling.result(), staging.result()
     assert order == ["stage", "compile"]
+
+
+def test_the_compile_thread_runs_a_new_program_once_before_a_call_takes_it(monkeypatch):
+    """NOTE [a program's first run]: XLA:CPU finishes a program on its first
+    run, so the compile thread runs each program it compiled for the eager
+    engine once, on zeros, when no call is in progress; the calls' results
+    are unchanged (JAX's, bit for bit on every call)."""
+    import threading
+
+    from functx.interpreters import eval as eval_
+
+    runs = []
+    first_run = eval_._first_run
+
+    def spy(program, jaxpr, specs):
+        def counted(*args):
+            runs.append(threading.current_thread() is threading.main_thread())
+            return program(*args)
+
+        first_run(counted, jaxpr, specs)
+
+    monkeypatch.setattr(eval_, "_first_run", spy)
+    fx.clear_caches()
+    g = fx.vmap(fx.grad(loss(fnp)), in_dims=(None, 0))
+    xs = jnp.stack([X, -X, 2.0 * X])
+    want = jax.vmap(jax.grad(loss(jnp)), in_axes=(None, 0))(W, xs)
+    seen = set()
+    for _ in range(6):
+        got = g(W, xs)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-12)
+        seen.add(np.asarray(got).tobytes())
+        caches.wait_for_compiles()
+    assert len(seen) == 1
+    assert runs and not any(runs), runs  # at least one, none on the calling thread
+
+
+def test_programs_with_effects_or_callbacks_are_not_run_on_zeros():
+    from functx.interpreters import eval as eval_
+
+    def plain(x):
+        return jnp.sin(x) * 2.0
+
+    def printing(x):
+        jax.debug.callback(lambda v: None, x)
+        return x * 2.0
+
+    def calling_back(x):  # a pure callback, nested in a jitted function
+        inner = jax.jit(lambda v: jax.pure_callback(np.sin, jax.ShapeDtypeStruct((3,), v.dtype), v))
+        return inner(x) + 1.0
+
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert not eval_._has_effects(jax.make_jaxpr(plain)(spec))
+    assert eval_._has_effects(jax.make_jaxpr(printing)(spec))
+    assert eval_._has_effects(jax.make_jaxpr(calling_back)(spec))
