@@ -41,6 +41,7 @@ every call (grad of an eager scan, a jit wrapper built per call) would
 otherwise spend minutes on one row. Its row says how many calls it made.
 
 Usage: python benchmarks/first_calls.py [--n 100] [--repeat 1] [--budget-s 20] [--quick]
+           [--pause-s 0]
            [--torch-threads T]
            [--workloads mlp,cnn,maml,scan,rejit] [--frameworks functx,jax,torch] [--markdown]
 With the defaults: 15 processes of up to 100 calls.
@@ -328,9 +329,11 @@ def rss_bytes():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale  # peak, as a fallback
 
 
-def child(framework, workload, n, budget_s):
+def child(framework, workload, n, budget_s, pause_s=0.0):
     """Calls 1..n, or fewer when the calls after the first have taken more
-    than budget_s seconds (but never fewer than min(n, MIN_CALLS))."""
+    than budget_s seconds (but never fewer than min(n, MIN_CALLS)); with
+    `pause_s`, that long idle after each call (not timed), as between the
+    cells of a notebook."""
     t_start = time.perf_counter()
     ops = framework_ops(framework)
     call = BUILDERS[workload](ops)
@@ -345,6 +348,8 @@ def child(framework, workload, n, budget_s):
         cpu.append(time.process_time() - c0)
         if i == 3:
             rss["call3"] = rss_bytes()
+        if pause_s:
+            time.sleep(pause_s)
         if budget_s and i >= MIN_CALLS and sum(wall[1:]) > budget_s:
             break
     rss["callN"] = rss_bytes()
@@ -445,7 +450,8 @@ def header(info_lines, opts, markdown):
         "float32 throughout; jax_default_matmul_precision=highest (no TF32)",
         (f"N = {opts.n} calls per process (fewer once calls 2.. have taken {opts.budget_s:g} s, "
          f"at least {MIN_CALLS}), {opts.repeat} fresh process(es) per (framework, workload), "
-         "framework order alternating between rounds; medians over the rounds"),
+         "framework order alternating between rounds; medians over the rounds"
+         + (f"; {opts.pause_s:g} s idle after each call (untimed)" if opts.pause_s else "")),
         f"load average (1/5/15 min) at the start: {load_average()}",
     ]
     prefix = "- " if markdown else ""
@@ -525,6 +531,9 @@ def main():
     parser.add_argument("--repeat", type=int, default=1,
                         help=("fresh processes per (framework, workload), in rounds that alternate "
                               "the frameworks' order; medians reported (default 1)"))
+    parser.add_argument("--pause-s", type=float, default=0.0,
+                        help="seconds of idle time after each call, untimed (a notebook's "
+                             "pauses between cells; the compile thread works in them)")
     parser.add_argument("--budget-s", type=float, default=20.0,
                         help=("stop a process's calls once calls 2.. have taken this many seconds "
                               f"(after at least {MIN_CALLS} calls; 0: no limit; default 20)"))
@@ -539,7 +548,7 @@ def main():
     if opts.child:
         if opts.torch_threads:
             os.environ["FIRST_CALLS_TORCH_THREADS"] = str(opts.torch_threads)
-        return child(*opts.child, opts.n, opts.budget_s)
+        return child(*opts.child, opts.n, opts.budget_s, opts.pause_s)
     if opts.info:
         if opts.torch_threads:
             os.environ["FIRST_CALLS_TORCH_THREADS"] = str(opts.torch_threads)
@@ -583,6 +592,7 @@ def main():
                 print(f"[round {r + 1}/{opts.repeat}] {w} / {f} ...", file=sys.stderr, flush=True)
                 result, why = run_child(["--child", f, w, "--n", str(opts.n),
                                          "--budget-s", str(opts.budget_s),
+                                         "--pause-s", str(opts.pause_s),
                                          "--torch-threads", str(opts.torch_threads)])
                 if result is None:
                     problems.append(f"{w} / {f}, round {r + 1}: {why}")
