@@ -266,12 +266,8 @@ def jit_by_size(fn, sizes, eager=False):
         if not top_level():
             return plain(*args)
         out = tuned(*args)
-        if eager:  # NOTE [a program's first run] in interpreters/eval.py
-            leaf = out[0] if type(out) is list and out else out
-            try:
-                _last_run[0] = weakref.ref(leaf)
-            except TypeError:
-                pass
+        if eager:
+            note_run(out)
         return out
 
     call.lower = lambda *args: (tuned if top_level() else plain).lower(*args)
@@ -280,6 +276,17 @@ def jit_by_size(fn, sizes, eager=False):
 
 
 _last_run = [None]  # a weak reference to an output of the last eager program dispatched
+
+
+def note_run(out):
+    """Remember (weakly) an output of a program the eager engine has just
+    dispatched at the top level (NOTE [a program's first run] in
+    interpreters/eval.py)."""
+    leaf = out[0] if type(out) in (list, tuple) and out else out
+    try:
+        _last_run[0] = weakref.ref(leaf)
+    except TypeError:
+        pass
 
 
 def last_program_finished(wait):
