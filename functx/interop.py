@@ -123,7 +123,15 @@ def bind_jax(prim, args, params):
 # functx.numpy / functx.nn wrappers of jitted JAX functions such as
 # log_softmax, `functx.lift`): decided when it is replayed (`_JitCall` in
 # lifting.py), so eager code compiles one program per shape for it, as JAX
-# eager does, not one per equation.
+# eager does, not one per equation. A program of one equation that is
+# functx's own primitive (jax.numpy's functions are such jitted wrappers
+# from jax 0.12 on: jnp.tanh is `jit(tanh)`) is that primitive: inlined,
+# it runs as the one-primitive program JAX eager runs, and the eager engine
+# keeps it apart like any primitive (NOTE [one rounding per primitive] in
+# xla_cpu.py); as a call, its derived graphs (jvp, transpose, batched) are
+# compiled whole, so a product and a difference in tanh's derivative fused
+# into one rounding there and the first eager calls differed from later
+# ones in the last bit (vmap(grad) on jax 0.12).
 _CALL_GRAPHS = {}  # id(closed jaxpr) -> (closed jaxpr, Graph or None)
 _CALL_GRAPHS_LIMIT = 512
 
@@ -134,7 +142,8 @@ def _call_graph(closed):
         from .lifting import graph_of_jaxpr
 
         graph = None
-        if not _calls_back(closed.jaxpr):  # callbacks keep the inlined path's timing
+        if not _calls_back(closed.jaxpr) and not _one_primitive(closed.jaxpr):
+            # (callbacks keep the inlined path's timing)
             try:
                 graph = graph_of_jaxpr(closed)
             except Exception:  # noqa: BLE001 - what cannot be staged whole is inlined
@@ -144,6 +153,15 @@ def _call_graph(closed):
             _CALL_GRAPHS.pop(next(iter(_CALL_GRAPHS)))
         _CALL_GRAPHS[id(closed)] = entry
     return entry[1]
+
+
+def _one_primitive(jaxpr):
+    """Whether a jaxpr is one equation of a primitive functx defines (not
+    a call or loop holding a program of its own)."""
+    if len(jaxpr.eqns) != 1:
+        return False
+    prim = jaxpr.eqns[0].primitive
+    return prim in FROM_JAX and prim.name not in _INLINE_PARAM and prim.name not in LIFT_RULES
 
 
 def _eager():

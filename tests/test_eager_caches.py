@@ -566,6 +566,6 @@ def test_programs_with_effects_or_callbacks_are_not_run_on_zeros():
         return inner(x) + 1.0
 
     spec = jax.ShapeDtypeStruct((3,), jnp.float32)
-    assert not eval_._has_effects(jax.make_jaxpr(plain)(spec))
-    assert eval_._has_effects(jax.make_jaxpr(printing)(spec))
-    assert eval_._has_effects(jax.make_jaxpr(calling_back)(spec))
+    assert not eval_._calls_back(jax.make_jaxpr(plain)(spec))
+    assert eval_._calls_back(jax.make_jaxpr(printing)(spec))
+    assert eval_._calls_back(jax.make_jaxpr(calling_back)(spec))

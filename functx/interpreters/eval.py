@@ -197,11 +197,17 @@ def compile_ahead(fn, *args):
 FIRST_RUN_BYTES = 64 << 20
 
 
+def _calls_back(closed):
+    from ..interop import _calls_back
+
+    return _calls_back(getattr(closed, "jaxpr", closed))
+
+
 def _first_run(program, jaxpr, specs):
     leaves = jax.tree_util.tree_leaves(specs)
     if (jax.config.jax_debug_nans or jax.config.jax_debug_infs
             or sum(s.size * s.dtype.itemsize for s in leaves) > FIRST_RUN_BYTES
-            or _has_effects(jaxpr) or not caches.idle_now()
+            or _calls_back(jaxpr) or not caches.idle_now()
             or not xla_cpu.last_program_finished(caches.MAX_WAIT)):
         return
     try:
@@ -209,25 +215,6 @@ def _first_run(program, jaxpr, specs):
         jax.block_until_ready(program(*zeros))
     except Exception:  # noqa: BLE001 - only a warm-up: the call will run it as before
         pass
-
-
-def _has_effects(closed):
-    """Whether a traced program (or a program it calls) has effects or
-    calls back into Python."""
-    todo = [getattr(closed, "jaxpr", closed)]
-    while todo:
-        jaxpr = todo.pop()
-        if jaxpr.effects:
-            return True
-        for eqn in jaxpr.eqns:
-            if "callback" in eqn.primitive.name:
-                return True
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        todo.append(inner)
-    return False
 
 
 def _spec(x):
