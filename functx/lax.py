@@ -544,7 +544,7 @@ class _Snapshot:
             found = self.container(v)
         except _HoldsArrays:
             raise
-        except (_Uncacheable, TypeError):
+        except Exception:  # noqa: BLE001 - unwalkable (too large, a failing flatten): by identity
             self.restore(saved)
             found = ("I-obj", self.ident(v), self.klass(type(v))), None, False
         self.budget = budget - (min(budget, _GLOBAL_WALK_LIMIT) - max(self.budget, 0))
@@ -630,7 +630,7 @@ class _Snapshot:
             k, _, dyn = self.value(attr, global_=True)
         except _HoldsArrays:
             raise
-        except (_Uncacheable, TypeError):
+        except Exception:  # noqa: BLE001 - unwalkable: by identity
             if self.budget < 0:
                 raise
             self.restore(saved)
