@@ -154,7 +154,9 @@ _NO_OPERAND = object()
 #   each call passes the current arrays as the primitive's operands (the
 #   loop constants). A graph therefore never holds a value that may differ
 #   on the next call, and nothing it holds belongs to a body the user
-#   dropped.
+#   dropped. Arrays the staged graph does not read are dropped from its
+#   inputs (`_drop_unread`): a dict of parameters closed over passes only
+#   the ones the body uses, as when it is staged as written.
 # * Other values are keyed by value when they are immutable (None, bools,
 #   numbers, strings, dtypes, tuples of these) and by identity (held
 #   weakly where Python allows) when they are modules, library classes or
@@ -814,7 +816,7 @@ def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
         key = base + (snap.key,)
         hit = _STAGED.get(key)
         if hit is not _MISSING and hit is not _PLAIN:
-            return hit[0], list(snap.arrays), hit[1]
+            return hit[0], [a for a, used in zip(snap.arrays, hit[2]) if used], hit[1]
         if hit is not _PLAIN:
             dyn_avals = [_aval_of(a) for a in snap.arrays]
             flat, out_tree = _stage_flat(snap.rebuild, call, args_tree, avals, what)
@@ -827,9 +829,11 @@ def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
                 # if it is one), and do not try again for this key.
                 _STAGED.put(key, _PLAIN, snap.idents)
             else:
+                graph, used = _drop_unread(graph, len(avals), len(dyn_avals))
                 if not captured and _random.peek_state() is state:
-                    _STAGED.put(key, (graph, out_tree[0]), snap.idents)
-                return graph, list(snap.arrays) + captured, out_tree[0]
+                    _STAGED.put(key, (graph, out_tree[0], used), snap.idents)
+                arrays = [a for a, u in zip(snap.arrays, used) if u]
+                return graph, arrays + captured, out_tree[0]
     # Staged as written, cached per function object while nothing is captured.
     try:
         ident = _Ident(fn)
@@ -847,6 +851,22 @@ def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
     if key is not None and not captured and _random.peek_state() is state:
         _STAGED.put(key, (graph, out_tree[0]), [ident])
     return graph, captured, out_tree[0]
+
+
+def _drop_unread(graph, n_args, n_arrays):
+    """`graph` without its inputs `n_args .. n_args + n_arrays` (the arrays
+    of the body's snapshot) that it does not read, and which of those it
+    keeps: a dict of parameters closed over passes only the ones the body
+    uses, so the loop's constants are what it reads, as when it is staged
+    as written."""
+    read = {x for eqn in graph.eqns for x in eqn.inputs if type(x) is _Var}
+    read.update(x for x in graph.outputs if type(x) is _Var)
+    used = tuple(v in read for v in graph.inputs[n_args:n_args + n_arrays])
+    if all(used):
+        return graph, used
+    inputs = graph.inputs[:n_args] + [v for v, u in zip(graph.inputs[n_args:], used) if u] \
+        + graph.inputs[n_args + n_arrays:]
+    return _Graph(inputs, graph.eqns, graph.outputs), used
 
 
 def _consts_first(graph, n):

@@ -4,9 +4,9 @@ user's `jax.extend` primitive), run with the rules JAX registered for them.
 
 NOTE [foreign primitives]
 `foreign(jax_prim)` makes, once per JAX primitive, a functx primitive that
-evaluates by binding the JAX primitive (as functx's own primitives do: a
-jitted program per parameters, its own call inside the eager engine's
-programs, NOTE [one rounding per primitive]) and whose every rule is the JAX
+evaluates by binding the JAX primitive (inside the eager engine's programs
+as a call of its own, as functx's own primitives are, NOTE [one rounding
+per primitive]) and whose every rule is the JAX
 transform of that one primitive, staged and lifted (the generalisation of
 NOTE [rules borrowed from JAX] in conv.py):
 
@@ -33,10 +33,11 @@ from jax._src import core as jcore
 from jax._src.interpreters import ad as jax_ad
 from jax._src.interpreters import batching as jax_batching
 
+from .. import xla_cpu
 from ..core import FROM_JAX, Aval, Primitive, Zero, aval_of, is_inexact_dtype
 from ..errors import MissingRuleError
 from ..interpreters.batching import _rule_context
-from ..interpreters.eval import lower_to_jax
+from ..interpreters.eval import defimpl, lower_to_jax
 from ..lifting import call_lifted
 from .common import batch_rules, instantiate, is_linear, jvp_rules, shape_rules, transpose_rules
 
@@ -114,10 +115,19 @@ def _define(jax_prim):
     fx = Primitive(jax_prim.name, jax_prim, jax_prim.multiple_results)
     multiple = jax_prim.multiple_results
 
-    # evaluated as functx's own primitives are (NOTE [one rounding per
-    # primitive]): a program per parameters, a call of its own in the eager
-    # engine's programs
-    lower_to_jax(fx, bind=lambda *args, **params: _bind(jax_prim, args, params))
+    # Evaluated by JAX's own bind on arrays (a primitive may have a Python
+    # implementation and no lowering), and inside the eager engine's
+    # programs as a call of its own, as functx's own primitives are (NOTE
+    # [one rounding per primitive]).
+    as_call = lower_to_jax(fx, bind=lambda *args, **params: _bind(jax_prim, args, params))
+
+    def impl(*args, **params):
+        if getattr(xla_cpu.TRACING, "mode", None) == "calls" and any(
+                isinstance(a, jcore.Tracer) for a in args):
+            return as_call(*args, **params)
+        return _bind(jax_prim, args, params)
+
+    defimpl(fx, impl)
 
     def shape(*avals, **params):
         javals = [jcore.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
