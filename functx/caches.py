@@ -477,7 +477,7 @@ def submit(fn, priority=STAGING):
 MAX_WAIT = 0.03
 
 
-def _wait_for_idle():
+def wait_for_idle():
     """Wait (at most `MAX_WAIT` seconds) until no other thread is inside a
     transform; returns whether none is."""
     from .core import busy
@@ -491,16 +491,10 @@ def _wait_for_idle():
     return True
 
 
-def idle_now():
-    """On the compile thread: whether no call is in progress, after waiting
-    for one to end at most `MAX_WAIT` seconds."""
-    return _wait_for_idle()
-
-
 def _counted(compile_fn):
     global _outstanding, _saved_interval
     try:
-        _wait_for_idle()
+        wait_for_idle()
         return compile_fn()
     finally:
         with _executor_lock:

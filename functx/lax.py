@@ -200,9 +200,8 @@ _NO_OPERAND = object()
 # cycle; more than `_WALK_LIMIT` values in all), its code assigns a
 # variable of its closure (`nonlocal`), or it assigns globals while arrays
 # among its globals must be replaced; and when staging it with staged
-# inputs in place of its arrays fails
-# (Python control flow on a closed-over array, NumPy on it), which is
-# remembered for its key. A body's Python runs when it is staged, so its
+# inputs in place of its arrays fails (Python control flow on a
+# closed-over array, NumPy on it), which is remembered for its key. A body's Python runs when it is staged, so its
 # side effects (appending to a list it closes over) happen once per graph,
 # as under jax.jit.
 #

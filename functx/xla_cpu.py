@@ -169,8 +169,8 @@ def top_level():
 # broadcast it sums. JAX primitives functx borrows (NOTE [foreign
 # primitives]) are evaluated the same way, and so is a primitive whose
 # parameters do not hash (its call then is not cached). Loops compiled
-# for eager calls keep their bodies'
-# calls too, as they are when a loop sits in a combined program. (Which NaN
+# for eager calls keep their bodies' calls too, as they are when a loop
+# sits in a combined program. (Which NaN
 # an operation returns is not fixed either way: NaNs are equal, not their
 # bits.) Measured on the 2-core VM: the same warm speed,
 # 7-25% more compile time (benchmarks/RESULTS.md, "One rounding per

@@ -189,11 +189,11 @@ def compile_ahead(fn, *args):
 # run uses every core XLA's threads have, and a call running beside it was
 # slowed more than by the first run it spares (MAML's call 7 took 160 ms
 # instead of 40-90 ms); in a tight loop of calls the first call to run the
-# program pays for it, as before. Not for a program
-# with effects or callbacks (a zero run would be seen), one whose arguments
-# exceed `FIRST_RUN_BYTES` (the run would cost a call's compute and memory
-# beside the user's), or under jax_debug_nans/infs (zeros may make NaNs).
-# A first run that fails is ignored: the call runs the program as before.
+# program pays for it, as before. Not for a program with effects or
+# callbacks (a zero run would be seen), one whose arguments exceed
+# `FIRST_RUN_BYTES` (the run would cost a call's compute and memory beside
+# the user's), or under jax_debug_nans/infs (zeros may make NaNs). A first
+# run that fails is ignored: the call runs the program as before.
 FIRST_RUN_BYTES = 64 << 20
 
 
@@ -207,7 +207,7 @@ def _first_run(program, jaxpr, specs):
     leaves = jax.tree_util.tree_leaves(specs)
     if (jax.config.jax_debug_nans or jax.config.jax_debug_infs
             or sum(s.size * s.dtype.itemsize for s in leaves) > FIRST_RUN_BYTES
-            or _calls_back(jaxpr) or not caches.idle_now()
+            or _calls_back(jaxpr) or not caches.wait_for_idle()
             or not xla_cpu.last_program_finished(caches.MAX_WAIT)):
         return
     try:
