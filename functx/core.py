@@ -188,6 +188,31 @@ def canonical_dtype(dtype):
     return _jax_dtypes.canonicalize_dtype(dtype)
 
 
+def host_to_jax(x, dtype=None):
+    """A NumPy array or Python number as `jnp.asarray(x, dtype)` gives it
+    (the same dtype and weak type), copied to the device without a program:
+    `jnp.asarray` compiles one for each new shape (12 ms on a CPU in JAX
+    0.10), which eager calls would pay on every new input shape. While JAX
+    traces, `jnp.asarray` as is."""
+    if dtype is not None:
+        x = np.asarray(x, dtype)
+    if _jax_top_level():
+        return jax.device_put(x)
+    return jax.numpy.asarray(x)
+
+
+def jax_zeros(shape, dtype):
+    """`jnp.zeros(shape, dtype)`, copied from the host at the top level (as
+    `host_to_jax`, no program per shape); while JAX traces, the broadcast
+    (not a constant of the whole array)."""
+    if _jax_top_level():
+        return jax.device_put(np.zeros(shape, dtype))
+    return jax.numpy.zeros(shape, dtype)
+
+
+_jax_top_level = getattr(_jax_trace_ctx, "is_top_level", lambda: False)
+
+
 def aval_of(x):
     """The Aval of any value functx accepts: its tracers, JAX arrays and
     tracers, NumPy arrays and Python scalars."""

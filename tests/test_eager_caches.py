@@ -569,3 +569,45 @@ def test_programs_with_effects_or_callbacks_are_not_run_on_zeros():
     assert not eval_._calls_back(jax.make_jaxpr(plain)(spec))
     assert eval_._calls_back(jax.make_jaxpr(printing)(spec))
     assert eval_._calls_back(jax.make_jaxpr(calling_back)(spec))
+
+
+def test_host_values_and_zeros_reach_the_device_without_a_program():
+    """`host_to_jax` / `jax_zeros` (core.py): NumPy arrays and Python numbers
+    given to eager transforms, and the zeros they make at the top level,
+    have `jnp.asarray`'s / `jnp.zeros`'s dtypes, weak types and values, and
+    compile no JAX program (those compile one per new shape, 12-25 ms each
+    on a CPU: a first eager call paid them)."""
+    from functx.core import host_to_jax, jax_zeros
+
+    compiles, on = [], [True]
+
+    def listener(event, duration, **kwargs):
+        if on[0] and event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kwargs.get("fun_name"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for v in [np.ones((3, 7)), np.float64(2.0), np.int64(3), np.ones((2,), np.float16),
+                  np.array(True), 2.0, 3, True, 1j]:
+            compiles.clear()
+            got = host_to_jax(v)
+            assert compiles == [], (v, compiles)
+            want = jnp.asarray(v)
+            assert (got.dtype, got.weak_type) == (want.dtype, want.weak_type), v
+            assert np.array_equal(got, want)
+        compiles.clear()
+        z = jax_zeros((4, 9), np.float32)
+        assert compiles == [] and z.dtype == np.float32 and not np.asarray(z).any()
+        traced = jax.make_jaxpr(lambda: jax_zeros((4, 9), np.float32))()
+        assert not traced.consts  # while JAX traces: a broadcast, not a 36-element constant
+
+        # end to end: a NumPy input of a new shape, and an input the output
+        # does not read (its gradient is zeros)
+        x = np.linspace(-1.0, 1.0, 3 * 11, dtype=np.float32).reshape(3, 11)
+        compiles.clear()
+        gx, gy = fx.grad(lambda x, y: fnp.sum(fnp.sin(x)), argnums=(0, 1))(x, np.ones((5, 13), np.float32))
+        assert np.allclose(gx, np.cos(x)) and gy.shape == (5, 13) and not np.asarray(gy).any()
+        # only functx's own programs (before: JAX's `stage` three times and a `broadcast_in_dim`)
+        assert all("functx" in n or "lambda" in n for n in compiles), compiles
+    finally:
+        on[0] = False

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-from ..core import Tracer, aval_of
+from ..core import Tracer, aval_of, host_to_jax
 from ..errors import FunctxRuntimeError, FunctxTypeError, FunctxValueError
 from ..interpreters.staging import Var
 from ..primitives.elementwise import stop_gradient
@@ -72,7 +72,7 @@ def as_tuple(value, arg_name, fn_name):
                 f"{where} is a {type(x).__name__}. Pass arrays (JAX or NumPy), and a "
                 "tuple (not a list) for several of them."
             )
-    return is_tuple, tuple(jnp.asarray(x) if isinstance(x, (np.ndarray, np.generic)) or
+    return is_tuple, tuple(host_to_jax(x) if isinstance(x, (np.ndarray, np.generic)) or
                            type(x) in _SCALARS else x for x in items)
 
 
@@ -108,6 +108,8 @@ def cast_like(x, aval):
         return x
     if isinstance(x, Tracer):
         return x.astype(aval.dtype)
+    if isinstance(x, (np.ndarray, np.generic)) or type(x) in _SCALARS:
+        return host_to_jax(x, aval.dtype)
     return jnp.asarray(x, aval.dtype)
 
 

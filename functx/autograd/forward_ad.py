@@ -36,10 +36,11 @@ import threading
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ..core import Tracer, _escaped, aval_of, interpreter_stack, is_inexact_dtype, new_interpreter
+from ..core import (
+    Tracer, _escaped, aval_of, host_to_jax, interpreter_stack, is_inexact_dtype, new_interpreter,
+)
 from ..errors import FunctxRuntimeError, FunctxTypeError, FunctxValueError
 from ..interpreters.jvp import JVPInterpreter, JVPTracer
 from ._util import AutogradValueError
@@ -181,7 +182,7 @@ def _as_value(x, what):
     if isinstance(x, (Tracer, jax.Array)):
         return x
     if isinstance(x, (np.ndarray, np.generic, float, int, complex)) and not isinstance(x, bool):
-        return jnp.asarray(x)
+        return host_to_jax(x)
     raise FunctxTypeError(
         f"forward_ad.make_dual: the {what} is a {type(x).__name__}, not an array. Pass "
         "JAX or NumPy arrays."

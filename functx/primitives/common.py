@@ -8,7 +8,7 @@ and its batching rule (`unary_batch`, `broadcasting_batch`, ...).
 
 import numpy as np
 
-from ..core import Aval, Primitive, Zero, aval_of, bind, is_key_dtype
+from ..core import Aval, Primitive, Zero, aval_of, bind, host_to_jax, is_key_dtype
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.batching import basis_rules, batch_rules
 from ..interpreters.eval import lower_to_jax
@@ -89,7 +89,7 @@ def _make_scalar(value, dtype, weak_type):
     import jax
 
     with jax.ensure_compile_time_eval():
-        c = jax.numpy.asarray(np.array(value, dtype))
+        c = host_to_jax(np.array(value, dtype))
         if weak_type:
             c = jax.lax.convert_element_type_p.bind(
                 c, new_dtype=c.dtype, weak_type=True, sharding=None)

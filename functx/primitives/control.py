@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import xla_cpu
-from ..core import Aval, Tracer, Zero, aval_of, bind, new_interpreter
+from ..core import Aval, Tracer, Zero, aval_of, bind, jax_zeros, new_interpreter
 from ..errors import MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
 from ..interpreters.eval import defimpl
@@ -99,8 +99,10 @@ def _traced(x):
 
 
 def _zeros(aval):
-    """Zeros of `aval`, as weak as it (NOTE [weak types in rules])."""
-    z = jnp.zeros(aval.shape, aval.dtype)
+    """Zeros of `aval`, as weak as it (NOTE [weak types in rules]); copied
+    from the host at the top level (`jax_zeros`: `jnp.zeros` would compile
+    a program for each new shape, in a first eager call of grad of a scan)."""
+    z = jax_zeros(aval.shape, aval.dtype)
     if aval.weak_type:
         z = jax.lax.convert_element_type_p.bind(z, new_dtype=z.dtype, weak_type=True,
                                                 sharding=None)

@@ -2,7 +2,6 @@
 messages that name the call, the argument and the fix (SPEC section 5)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
@@ -10,6 +9,8 @@ from ..core import (
     Aval,
     Tracer,
     aval_of,
+    host_to_jax,
+    jax_zeros,
     is_complex_dtype,
     is_inexact_dtype,
     is_key_dtype,
@@ -68,7 +69,7 @@ def as_array(x, call, what):
     if isinstance(x, (Tracer, jax.Array)):
         return x
     if isinstance(x, (np.ndarray, np.generic, int, float, complex, bool)):
-        return jnp.asarray(x)
+        return host_to_jax(x)
     raise FunctxTypeError(
         f"{call}: {what} is a {type(x).__name__}, not an array. Pass JAX arrays "
         "(or NumPy arrays / Python numbers), or move non-array values into a closure."
@@ -170,7 +171,7 @@ def zeros_for(aval):
     """Zeros of `aval`, weakly typed where it is (as JAX's zeros are)."""
     if is_key_dtype(aval.dtype):  # a key's tangent is float0 (NOTE [key dtypes])
         return np.zeros(aval.shape, jax.dtypes.float0)
-    return match_weak(jnp.zeros(aval.shape, aval.dtype), aval.weak_type)
+    return match_weak(jax_zeros(aval.shape, aval.dtype), aval.weak_type)
 
 
 def float0_zeros(aval):
