@@ -109,8 +109,8 @@ def _leaf_names(args):
 
 def _check_batched(leaves, dims, args, call):
     """Normalise in_dims and find the batch size; raise on bad dims or
-    mismatched sizes."""
-    names = None
+    mismatched sizes (naming the leaves only then: `_leaf_names` walks every
+    argument's paths, a cost each call would pay)."""
     size = None
     sizes = []
     norm = []
@@ -118,23 +118,24 @@ def _check_batched(leaves, dims, args, call):
         if d is None:
             norm.append(None)
             continue
-        names = names or _leaf_names(args)
         if not isinstance(x, (Tracer, np.ndarray, np.generic)) and not hasattr(x, "shape"):
             raise FunctxTypeError(
-                f"{call}: in_dims={d} for {names[k]}, which is a {type(x).__name__}, "
-                "not an array. Use None in in_dims for non-array arguments."
+                f"{call}: in_dims={d} for {_leaf_names(args)[k]}, which is a "
+                f"{type(x).__name__}, not an array. Use None in in_dims for non-array "
+                "arguments."
             )
-        nd = aval_of(x).ndim
+        shape = aval_of(x).shape
+        nd = len(shape)
         if not -nd <= d < nd:
             raise FunctxValueError(
-                f"{call}: in_dims={d} is out of range for {names[k]} of shape "
-                f"{tuple(aval_of(x).shape)}. Use a dimension in [{-nd}, {nd})"
+                f"{call}: in_dims={d} is out of range for {_leaf_names(args)[k]} of shape "
+                f"{tuple(shape)}. Use a dimension in [{-nd}, {nd})"
                 + (" or None: a 0-d value cannot be mapped." if nd == 0 else ".")
             )
         d = d % nd
         norm.append(d)
-        n = aval_of(x).shape[d]
-        sizes.append((names[k], d, n))
+        n = shape[d]
+        sizes.append((k, d, n))
         if size is None:
             size = n
     if size is None:
@@ -145,7 +146,8 @@ def _check_batched(leaves, dims, args, call):
             "in_dims=0)."
         )
     if any(n != size for _, _, n in sizes):
-        detail = ", ".join(f"{name} (in_dims={d}) has size {n}" for name, d, n in sizes)
+        names = _leaf_names(args)
+        detail = ", ".join(f"{names[k]} (in_dims={d}) has size {n}" for k, d, n in sizes)
         raise FunctxValueError(
             f"{call}: the mapped dimensions have different sizes: {detail}. Make them "
             "equal, or set in_dims=None for arguments that should not be mapped."
