@@ -419,11 +419,21 @@ class _CompileThread:
         global compile_thread
         compile_thread = threading.get_ident()
         while True:
+            if idle_collection.due():
+                idle_collection.run()
             with self._cv:
                 while not self._heap and not self._stopped:
-                    self._cv.wait()
+                    if not idle_collection.armed():
+                        # the calls' allocations arm it: look again now and then
+                        self._cv.wait(idle_collection.POLL_S if idle_collection.on else None)
+                        continue
+                    self._cv.wait(idle_collection.QUIET_S)
+                    if idle_collection.due():
+                        break
                 if self._stopped:
                     return
+                if not self._heap:
+                    continue
                 _, _, future, fn = self._pop(self._heap)
             if not future.set_running_or_notify_cancel():
                 continue
@@ -433,6 +443,86 @@ class _CompileThread:
                 future.set_exception(e)
             else:
                 future.set_result(result)
+
+
+def _calls_running():
+    """Whether a thread other than this one is inside a transform."""
+    from .core import busy
+
+    me = threading.get_ident()
+    return any(t != me for t in list(busy))
+
+
+# NOTE [full collections between calls]
+# CPython's cyclic garbage collector runs a full collection once it has
+# counted `threshold2` (10) collections of the younger generations since the
+# last full one and the objects moved into the oldest generation since then
+# exceed a quarter of those it kept. A full collection walks every tracked
+# object holding the GIL: 50-100 ms on the 2-core test machine once a
+# process holds JAX, functx and a warm-up's caches (170k objects after 20
+# MAML calls). Eager warm-ups fill caches (staged graphs, jaxprs, programs),
+# so one lands inside a call every few calls, on whichever thread allocated
+# last (the calling thread, or the compile thread, which holds the GIL all
+# the while): in MAML with 0.2 s between calls, call 11 took 150 ms between
+# calls of 60 ms, its excess a full collection of 87-105 ms.
+# So the compile thread runs that collection itself when it is near and
+# the calls are quiet: between its jobs, or polling every `POLL_S` while it
+# has none, once no call is running and none has ended in the last
+# `QUIET_S` (a pause between notebook cells). Near: CPython has counted half
+# the younger collections it waits for, and the heap has grown since the
+# last full collection by `NEAR` of the quarter that triggers it (the heap
+# measured by pymalloc's allocated blocks, 20 us to read, where counting the
+# oldest generation's objects walks them). Garbage is collected a little
+# earlier, while nothing waits, and no more often: the test suite ran as
+# many full collections with it as without. Calls in a tight loop leave no
+# quiet time, and nothing changes there. Off where the collector is
+# disabled or its third threshold is 0, and on Python 3.14 and later, whose
+# incremental collector does not pause for the whole heap.
+class _IdleCollection:
+    QUIET_S = 0.03
+    POLL_S = 0.25
+    # collect once the heap has grown by this fraction of CPython's trigger
+    NEAR = 0.6
+
+    def __init__(self):
+        import gc
+
+        self.gc = gc
+        self.on = sys.version_info < (3, 14) and sys.implementation.name == "cpython"
+        self.runs = 0  # full collections run here
+        self.base = sys.getallocatedblocks()  # the heap after the last full collection
+        if self.on:
+            gc.callbacks.append(self._observe)
+
+    def _observe(self, phase, info):
+        if info["generation"] == 2 and phase == "stop":
+            self.base = sys.getallocatedblocks()
+
+    def armed(self):
+        """A full collection is near: CPython has counted half the younger
+        collections it waits for, and the heap (pymalloc's blocks, a cheap
+        stand-in for the objects CPython counts) has grown by `NEAR` of the
+        quarter that triggers it."""
+        gc = self.gc
+        if not self.on or not gc.isenabled():
+            return False
+        threshold = gc.get_threshold()[2]
+        if threshold <= 0 or gc.get_count()[2] < max(1, threshold // 2):
+            return False
+        return sys.getallocatedblocks() - self.base >= self.NEAR * self.base / 4
+
+    def due(self):
+        """Armed, and the calls quiet: none running, none ended in the
+        last `QUIET_S` seconds."""
+        return (self.armed() and time.perf_counter() - last_call_end >= self.QUIET_S
+                and not _calls_running())
+
+    def run(self):
+        self.gc.collect()
+        self.runs += 1
+
+
+idle_collection = _IdleCollection()
 
 
 # Priorities of the compile thread's jobs. Builds that stage run in the
@@ -449,6 +539,7 @@ STAGING, COMPILING, LAST = 0, 1, 2
 # thread's staging is not a call): the clock of `RepeatCache(stale_calls=)`.
 calls_begun = 0
 compile_thread = None  # its thread id, once started
+last_call_end = 0.0  # time.perf_counter() when a thread's outermost transform call last returned
 
 
 def _submit(compile_fn, priority=COMPILING):
@@ -480,11 +571,8 @@ MAX_WAIT = 0.03
 def wait_for_idle():
     """Wait (at most `MAX_WAIT` seconds) until no other thread is inside a
     transform; returns whether none is."""
-    from .core import busy
-
-    me = threading.get_ident()
     deadline = time.perf_counter() + MAX_WAIT
-    while any(t != me for t in list(busy)):
+    while _calls_running():
         if time.perf_counter() >= deadline:
             return False
         time.sleep(0.0005)

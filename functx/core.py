@@ -35,6 +35,7 @@ of a dead transform.
 import contextlib
 import threading
 from threading import get_ident as _get_ident
+from time import perf_counter as _perf_counter
 
 import jax
 import numpy as np
@@ -416,6 +417,8 @@ def new_interpreter(interp):
             busy[ident] = len(stack)
         else:
             busy.pop(ident, None)
+            if ident != _caches.compile_thread:
+                _caches.last_call_end = _perf_counter()
         interp.release()
 
 

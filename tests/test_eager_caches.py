@@ -5,6 +5,7 @@ tape structure. Results must equal JAX's on every call, before and after
 the caches engage, and the caches must actually engage."""
 
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -611,3 +612,46 @@ def test_host_values_and_zeros_reach_the_device_without_a_program():
         assert all("functx" in n or "lambda" in n for n in compiles), compiles
     finally:
         on[0] = False
+
+
+def test_a_near_full_collection_runs_on_the_compile_thread_between_calls(monkeypatch):
+    """NOTE [full collections between calls]: once CPython's full collection
+    is near, the compile thread runs it while no call is running (not while
+    one is), so that it does not land inside a later call."""
+    import gc
+    import threading
+
+    from functx import core
+
+    ic = caches.idle_collection
+    if not ic.on or not gc.isenabled() or gc.get_threshold()[2] < 2:
+        pytest.skip("no generational full collections to move on this Python")
+    caches.submit(lambda: None).result()  # the compile thread is running
+    full = []
+
+    def observe(phase, info):
+        if phase == "stop" and info["generation"] == 2:
+            full.append(threading.get_ident())
+
+    def wait_for(pred, seconds):
+        deadline = time.perf_counter() + seconds
+        while not pred() and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        return pred()
+
+    gc.callbacks.append(observe)
+    try:
+        gc.collect()
+        runs = ic.runs
+        ic.base //= 2  # as if the heap had doubled since (a full collection resets it)
+        monkeypatch.setitem(core.busy, -1, 1)  # a call in progress on another thread
+        for _ in range(gc.get_threshold()[2] // 2):
+            gc.collect(1)  # each counts toward the next full collection
+        assert ic.armed()
+        time.sleep(3 * ic.POLL_S)
+        assert ic.runs == runs and caches.compile_thread not in full  # not while a call runs
+        del core.busy[-1]
+        assert wait_for(lambda: ic.runs > runs, 20.0)
+        assert caches.compile_thread in full and not ic.armed()
+    finally:
+        gc.callbacks.remove(observe)
