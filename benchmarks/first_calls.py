@@ -480,6 +480,7 @@ def summarize(run):
     return {
         "call1": wall[0], "call2": wall[1] if n > 1 else None, "call3": wall[2] if n > 2 else None,
         "callN": wall[-1], "steady": statistics.median(wall[tail]),
+        "slowest": max(wall[3:]) if n > 3 else None,
         "cpu1": cpu[0], "cpu_steady": statistics.median(cpu[tail]),
         "rss_first": run["rss"].get("call3", run["rss"]["callN"]) - run["rss"]["setup"],
         "rss_growth": (run["rss"]["callN"] - run["rss"]["call3"]) if "call3" in run["rss"] else None,
@@ -573,7 +574,9 @@ def main():
     explain = [
         ("Columns: wall time of calls 1, 2, 3 and the last (N unless 'budget': the process "
          "stopped early, its calls 2.. having taken --budget-s), in ms, JAX results blocked on; "
-         f"steady: median of the last {STEADY_LAST} calls (from call 4 when fewer); CPU: process "
+         f"steady: median of the last {STEADY_LAST} calls (from call 4 when fewer); slowest 4..: "
+         "the slowest of calls 4 to the last (a stall: a compilation or a garbage collection "
+         "inside a call); CPU: process "
          "CPU time (all threads) of the same calls; RSS: the change in the current resident set "
          "(/proc/self/statm) from after setup to after call 3, and from call 3 to the last call; "
          "functx/row: functx's time over this row's (the JAX row: functx / JAX eager; the torch "
@@ -611,13 +614,14 @@ def main():
             if w == "rejit" and f == "torch":
                 label += ", grad(f): no jit"
             if m is None:
-                rows.append([label] + ["failed"] + ["-"] * 12)
+                rows.append([label] + ["failed"] + ["-"] * 13)
                 continue
             is_fx = f == "functx"
             calls = f"{m['calls']:.0f}" + ("" if m["calls"] == opts.n else " (budget)")
             rows.append([
                 label, calls, fmt_ms(m["call1"]), fmt_ms(m["call2"]), fmt_ms(m["call3"]),
-                fmt_ms(m["callN"]), fmt_ms(m["steady"]), fmt_ms(m["cpu1"]), fmt_ms(m["cpu_steady"]),
+                fmt_ms(m["callN"]), fmt_ms(m["steady"]), fmt_ms(m["slowest"]),
+                fmt_ms(m["cpu1"]), fmt_ms(m["cpu_steady"]),
                 fmt_mb(m["rss_first"]), fmt_mb(m["rss_growth"]),
                 "-" if is_fx or fx is None else fmt_ratio(fx["call2"], m["call2"]),
                 "-" if is_fx or fx is None else fmt_ratio(fx["steady"], m["steady"]),
@@ -626,7 +630,7 @@ def main():
         render(
             f"{w}: {DESCRIPTIONS[w]}",
             ["framework", "calls", "call 1 (ms)", "call 2", "call 3", "last call", "steady",
-             "CPU call 1", "CPU steady", "RSS setup->3 (MB)", "RSS 3->last (MB)",
+             "slowest 4..", "CPU call 1", "CPU steady", "RSS setup->3 (MB)", "RSS 3->last (MB)",
              "functx/row call 2", "functx/row steady"],
             rows, md,
             notes=["checksum of the last call's result (sum and sum of |x| of all gradient "
