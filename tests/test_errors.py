@@ -85,6 +85,15 @@ def test_vmap_batched_non_array_argument():
         fx.vmap(lambda a, b: a, in_dims=(0, 0))(XS, "text")
 
 
+def test_a_numpy_array_of_strings_or_objects_names_the_transform_and_argument():
+    n = XS.shape[0]
+    for bad in (np.array(["a"] * n), np.array([1.0] * (n - 1) + [None], dtype=object)):
+        with raises(TypeError, r"grad\(", "argument 0", "dtype", "closure"):
+            fx.grad(lambda x: fnp.sum(x))(bad)
+        with raises(TypeError, r"vmap\(", "argument 1", "dtype"):
+            fx.vmap(lambda a, b: a)(XS, bad)
+
+
 def test_vmap_out_dims_none_for_batched_output():
     with raises(ValueError, "out_dims is None", "output 0", "depends on the batched"):
         fx.vmap(fnp.sin, out_dims=None)(XS)

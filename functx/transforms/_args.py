@@ -69,6 +69,12 @@ def as_array(x, call, what):
     if isinstance(x, (Tracer, jax.Array)):
         return x
     if isinstance(x, (np.ndarray, np.generic, int, float, complex, bool)):
+        if isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind not in "biufc":
+            raise FunctxTypeError(
+                f"{call}: {what} is a NumPy array of dtype {x.dtype}, which JAX has no "
+                "arrays of. Pass numbers (bool, int, float or complex arrays), or move "
+                "other values into a closure."
+            )
         return host_to_jax(x)
     raise FunctxTypeError(
         f"{call}: {what} is a {type(x).__name__}, not an array. Pass JAX arrays "
