@@ -551,8 +551,14 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None, ax
         dims = _in_dims_per_leaf(in_dims, args, call)
         leaves, in_tree = tree_util.tree_flatten(args)
         dims, size = _check_batched(leaves, dims, args, call)
-        leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
-                  for x, d in zip(leaves, dims)]
+        try:
+            leaves = [x if d is None else _args.as_array(x, call, "a mapped argument")
+                      for x, d in zip(leaves, dims)]
+        except FunctxTypeError:  # raise it again naming the leaf
+            for x, d, name in zip(leaves, dims, _leaf_names(args)):
+                if d is not None:
+                    _args.as_array(x, call, name)
+            raise
         chunk = chunk_size
         if chunk == "auto":
             from ..memory import vmap_chunk_size
