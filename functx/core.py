@@ -205,8 +205,8 @@ def host_to_jax(x, dtype=None):
 def jax_zeros(shape, dtype):
     """`jnp.zeros(shape, dtype)`, copied from the host at the top level (as
     `host_to_jax`, no program per shape); while JAX traces, the broadcast
-    (not a constant of the whole array)."""
-    if _jax_top_level():
+    (not a constant of the whole array); keys as `jnp.zeros` makes them."""
+    if _jax_top_level() and not is_key_dtype(dtype):
         return jax.device_put(np.zeros(shape, dtype))
     return jax.numpy.zeros(shape, dtype)
 

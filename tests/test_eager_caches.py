@@ -599,6 +599,8 @@ def test_host_values_and_zeros_reach_the_device_without_a_program():
         compiles.clear()
         z = jax_zeros((4, 9), np.float32)
         assert compiles == [] and z.dtype == np.float32 and not np.asarray(z).any()
+        key = jax.random.key(0)
+        assert jax_zeros((2,), key.dtype).dtype == jnp.zeros((2,), key.dtype).dtype
         traced = jax.make_jaxpr(lambda: jax_zeros((4, 9), np.float32))()
         assert not traced.consts  # while JAX traces: a broadcast, not a 36-element constant
 

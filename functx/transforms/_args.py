@@ -10,10 +10,10 @@ from ..core import (
     Tracer,
     aval_of,
     host_to_jax,
-    jax_zeros,
     is_complex_dtype,
     is_inexact_dtype,
     is_key_dtype,
+    jax_zeros,
 )
 from ..errors import FunctxTypeError, FunctxValueError
 
