@@ -92,6 +92,8 @@ def test_a_numpy_array_of_strings_or_objects_names_the_transform_and_argument():
             fx.grad(lambda x: fnp.sum(x))(bad)
         with raises(TypeError, r"vmap\(", "argument 1", "dtype"):
             fx.vmap(lambda a, b: a)(XS, bad)
+    low = np.ones(3, jnp.bfloat16)  # NumPy kind "V", as ml_dtypes' other types: still numbers
+    assert fx.grad(lambda x: fnp.sum(x))(low).dtype == jnp.bfloat16
 
 
 def test_vmap_out_dims_none_for_batched_output():

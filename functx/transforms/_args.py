@@ -69,7 +69,8 @@ def as_array(x, call, what):
     if isinstance(x, (Tracer, jax.Array)):
         return x
     if isinstance(x, (np.ndarray, np.generic, int, float, complex, bool)):
-        if isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind not in "biufc":
+        # strings, bytes, objects, dates (bfloat16 and the other ml_dtypes are kind "V")
+        if isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind in "OSUMm":
             raise FunctxTypeError(
                 f"{call}: {what} is a NumPy array of dtype {x.dtype}, which JAX has no "
                 "arrays of. Pass numbers (bool, int, float or complex arrays), or move "
