@@ -237,3 +237,69 @@ def test_top_level_check_falls_back_to_never(monkeypatch):
     assert xla_cpu._top_level_check()() is True
     monkeypatch.setattr(jcore, "trace_ctx", types.SimpleNamespace())
     assert xla_cpu._top_level_check()() is False
+
+
+# -- parameters a JAX release adds (NOTE [parameters newer JAX adds]) ----------
+
+
+def _params_of(jaxpr, name):
+    return [e.params for e in jaxpr.jaxpr.eqns if e.primitive.name == name]
+
+
+def test_equations_functx_makes_carry_this_jaxs_parameters():
+    """functx makes gather (vmap of dynamic_slice at batched starts) and
+    scatter-add (its transpose) itself: their equations must have exactly
+    the parameter names JAX's own have on this JAX (0.12.1 added
+    out_sharding), and evaluate as JAX's."""
+    x = jnp.arange(6.0)
+    starts = jnp.array([0, 3])
+
+    def f(x):
+        return fx.vmap(lambda i: lax.dynamic_slice(x, (i,), (2,)))(starts)
+
+    def g(x):
+        return fx.grad(lambda x: (f(x) ** 2).sum())(x)
+
+    dn = lax.GatherDimensionNumbers(offset_dims=(), collapsed_slice_dims=(0,),
+                                    start_index_map=(0,))
+    sdn = lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                      scatter_dims_to_operand_dims=(0,))
+    jax_gather = jax.make_jaxpr(lambda x: lax.gather(x, starts[:, None], dn, (1,)))(x)
+    jax_scatter = jax.make_jaxpr(
+        lambda x: lax.scatter_add(x, starts[:, None], x[:2], sdn))(x)
+    ours = jax.make_jaxpr(g)(x)
+    want = {"gather": set(jax_gather.jaxpr.eqns[-1].params),
+            "scatter-add": set(jax_scatter.jaxpr.eqns[-1].params)}
+    for name, keys in want.items():
+        made = [set(p) for p in _params_of(ours, name)]
+        assert made and all(m == keys for m in made), (name, made, keys)
+    want_f = jax.vmap(lambda i: lax.dynamic_slice(x, (i,), (2,)))(starts)
+    close(f(x), want_f)
+    close(g(x), jax.grad(lambda x: (jax.vmap(
+        lambda i: lax.dynamic_slice(x, (i,), (2,)))(starts) ** 2).sum())(x))
+
+
+def test_random_bits_of_this_jax_under_transforms():
+    """From jax 0.12.1 random_bits draws `num_streams` arrays at once (a
+    primitive of several results): vmap over keys and grad through the bits
+    as jax.vmap / jax.grad, bit for bit."""
+    import inspect
+
+    from jax._src.random import prng
+
+    several = "num_streams" in inspect.signature(prng.random_bits).parameters
+    kw = {"num_streams": 2} if several else {}
+
+    def bits(k):
+        out = prng.random_bits(k, 32, (2,), **kw)
+        return tuple(out) if several else (out,)
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    for a, b in zip(fx.vmap(bits)(keys), jax.vmap(bits)(keys), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def loss(x, k):
+        return (x * bits(k)[-1].astype(jnp.float32)).sum()
+
+    close(fx.vmap(fx.grad(loss), in_dims=(None, 0))(1.0, keys),
+          jax.vmap(jax.grad(loss), in_axes=(None, 0))(1.0, keys))

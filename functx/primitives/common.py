@@ -23,7 +23,7 @@ __all__ = [
     "add_tangents", "broadcast_to_shape", "unbroadcast", "unary_batch",
     "broadcasting_batch", "moveaxis", "bdim_to_front", "same_aval",
     "nary_shape", "predicate_shape", "instantiate", "scalar_constant",
-    "full_like", "zeros_of",
+    "full_like", "zeros_of", "jax_params", "jax_keeps_weak_type",
 ]
 
 
@@ -34,6 +34,68 @@ def defprim(name, jax_prim=None, multiple_results=False, cls=Primitive):
     if jax_prim is not None:
         lower_to_jax(p)
     return p
+
+
+# NOTE [parameters newer JAX adds]
+# JAX adds parameters to its primitives between releases (0.12.1 gave
+# gather and the scatter family `out_sharding`, random_bits `num_streams`
+# and `out_sharding`), and its rules then require them. A functx primitive
+# carries the parameters of the JAX primitive it mirrors, whatever the
+# installed JAX's are, so:
+# * rules take the parameters they do not read as `**params` and hand them
+#   on when they bind the same primitive again (jvp, batching), and drop
+#   them when they build another primitive's equation;
+# * where functx makes an equation's parameters itself (`indexing.gather`,
+#   `indexing.scatter`, ...), `jax_params(prim, probe, params)` adds those
+#   JAX's own API gives such an equation by default that functx did not
+#   name. They are read once, from the jaxpr of `probe(prim, x)`: a small
+#   use of the primitive through jax.lax on a float32[2] x. On a JAX
+#   without them nothing is added.
+# tests/test_jax_versions.py checks that functx's equations carry JAX's
+# parameter names for the installed JAX.
+
+_JAX_DEFAULTS = {}  # functx Primitive -> {name: default} functx does not name
+
+
+def jax_params(prim, probe, params):
+    """`params` completed with the parameters the installed JAX's equations
+    of `prim` have by default and `params` lacks (NOTE [parameters newer
+    JAX adds])."""
+    extra = _JAX_DEFAULTS.get(prim)
+    if extra is None:
+        extra = _JAX_DEFAULTS[prim] = _defaults_from(prim, probe, params)
+    if not extra:
+        return params
+    return {**extra, **params}
+
+
+def _defaults_from(prim, probe, params):
+    import jax
+
+    # an input, so that nothing is folded into a constant
+    jaxpr = jax.make_jaxpr(lambda x: probe(prim, x))(jax.ShapeDtypeStruct((2,), np.float32))
+    for eqn in jaxpr.jaxpr.eqns:
+        if eqn.primitive is prim.jax:
+            return {k: v for k, v in eqn.params.items() if k not in params}
+    raise RuntimeError(f"functx: the probe of {prim.name} does not use it")  # a functx bug
+
+
+_JAX_WEAK = {}  # probe -> bool
+
+
+def jax_keeps_weak_type(probe):
+    """Whether `probe`, a function of a weakly typed float32[4] that uses a
+    jax.lax operation or differentiates one with JAX (its vjp pulling back
+    a weak cotangent, its jvp pushing a weak tangent), returns a weakly
+    typed array. Where a JAX release changed a rule's weak type (NOTE [weak
+    types in rules]), functx's rule asks the installed JAX once."""
+    weak = _JAX_WEAK.get(probe)
+    if weak is None:
+        import jax
+
+        spec = jax.ShapeDtypeStruct((4,), np.float32, weak_type=True)
+        weak = _JAX_WEAK[probe] = bool(jax.eval_shape(probe, spec).weak_type)
+    return weak
 
 
 _scalars = {}
@@ -58,6 +120,10 @@ _scalars = {}
 # * shape rules give JAX's abstract evaluation's flag (weak where every
 #   operand is, comparisons and top_k's indices included; never for
 #   argmax, the logical reductions, bitcasts).
+# * where a JAX release changed a rule's weak type (0.12.1: the transposes
+#   of slice and pad, cumprod's and cummax's derivatives, complex abs's
+#   jvp, top_k's indices), functx's rule asks the installed JAX once which
+#   it is (`jax_keeps_weak_type`, a probe beside the rule).
 # tests/test_weak_types.py checks all of it against JAX: the shape rules
 # on every equation of the op tables, and grad / jvp / vjp / vmap results
 # at weakly typed arguments; its KNOWN_DIFFERENCES lists where functx does

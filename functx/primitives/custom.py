@@ -714,6 +714,61 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
     return jax.extend.core.ClosedJaxpr(jaxpr, kept), tuple(picks), in_tracers
 
 
+# NOTE [fwd rules closing over lifted arguments]
+# A lifted function is staged by jax.make_jaxpr; a custom_vjp call in it
+# becomes an equation whose fwd rule JAX traces only when asked (the
+# `fwd_jaxpr_thunk` parameter), which functx does when it differentiates
+# the equation. A fwd rule may close over values of the staged trace (the
+# lifted function's arguments); functx passes those as inputs of the
+# equation (`_closure_as_inputs`). Since JAX 0.12.1 the thunk refuses such a
+# closure (JAX's own grad(jit(f)) then has no way to supply the values);
+# functx does have one, so it traces JAX's fwd function itself, read from
+# the thunk, and gets the closed-over tracers back as constants as before.
+# This reads JAX internals (the thunk's closure), so it is only a fallback
+# after the thunk refused; anything unexpected re-raises JAX's error.
+
+
+def _fwd_jaxpr(thunk, flags):
+    """(jaxpr, consts) of a custom_vjp equation's fwd rule for the
+    perturbed pattern `flags` (NOTE [fwd rules closing over lifted
+    arguments])."""
+    try:
+        return thunk.call_wrapped(*flags)
+    except jax.errors.UnexpectedTracerError:
+        traced = _trace_fwd_closing_over_staged_values(thunk, flags)
+        if traced is None:
+            raise
+        return traced
+
+
+def _trace_fwd_closing_over_staged_values(thunk, flags):
+    from jax._src import core as jcore
+    from jax._src import linear_util as lu
+    from jax._src.interpreters import partial_eval as pe
+
+    def free_vars(fn):
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        if code is None or cells is None:
+            return {}
+        return dict(zip(code.co_freevars, (c.cell_contents for c in cells)))
+
+    tracer_of = free_vars(free_vars(getattr(thunk, "f", None)).get("fn"))
+    fwd, in_avals = tracer_of.get("fwd"), tracer_of.get("in_avals")
+    if not isinstance(fwd, lu.WrappedFun) or in_avals is None:
+        return None
+    for store in fwd.stores:  # filled by the refused attempt
+        if store:
+            store.reset()
+
+    def with_flags(*args):  # fwd takes (value, perturbed) pairs
+        return fwd.call_wrapped(*[x for pair in zip(args, flags) for x in pair])
+
+    with jcore.set_current_trace(None):
+        jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(
+            lu.wrap_init(with_flags, debug_info=fwd.debug_info), list(in_avals))
+    return jaxpr, consts
+
+
 def _float0():
     return np.dtype(jax.dtypes.float0)
 
@@ -770,7 +825,7 @@ class _LiftedVJPRule:
 
     def _trace_fwd(self, n_primals):
         flags = self.flags if self.flags is not None else (True,) * n_primals
-        jaxpr, jconsts = self.thunk.call_wrapped(*flags)
+        jaxpr, jconsts = _fwd_jaxpr(self.thunk, flags)
         out_tree, _, self.forwards = self.out_trees()
         self.n_out = out_tree.num_leaves
         # Residuals fwd returns as Python values (a `.perturbed` flag, a

@@ -17,6 +17,7 @@ from .common import (
     defprim,
     instantiate,
     is_linear,
+    jax_params,
     jvp_rules,
     moveaxis,
     shape_rules,
@@ -39,12 +40,17 @@ gather_p = defprim("gather", lax.gather_p)
 
 def gather(operand, indices, dimension_numbers, slice_sizes, *, mode=GatherScatterMode.FILL_OR_DROP,
            fill_value=None, unique_indices=False, indices_are_sorted=False):
-    return bind(
-        gather_p, operand, indices, dimension_numbers=dimension_numbers,
+    return bind(gather_p, operand, indices, **jax_params(gather_p, _gather_probe, dict(
+        dimension_numbers=dimension_numbers,
         slice_sizes=tuple(slice_sizes), unique_indices=unique_indices,
         indices_are_sorted=indices_are_sorted, mode=GatherScatterMode.from_any(mode),
         fill_value=fill_value,
-    )
+    )))
+
+
+def _gather_probe(prim, x):
+    dn = GatherDimensionNumbers(offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,))
+    return lax.gather(x, np.zeros((1, 1), np.int32), dn, (1,))
 
 
 def _gather_shape(operand, indices, *, dimension_numbers, slice_sizes, **params):
@@ -76,7 +82,7 @@ jvp_rules[gather_p] = _gather_jvp
 
 
 def _gather_transpose(ct, x, idx, *, dimension_numbers, slice_sizes, unique_indices,
-                      indices_are_sorted, mode, fill_value):
+                      indices_are_sorted, mode, fill_value, **jax_only):
     assert is_linear(x) and not is_linear(idx)
     dn = dimension_numbers
     sdn = ScatterDimensionNumbers(
@@ -193,11 +199,20 @@ def _combiner(prim, dtype):
 def _scatter(prim, operand, indices, updates, dimension_numbers, *, mode, unique_indices=False,
              indices_are_sorted=False):
     update_jaxpr, update_consts = _combiner(prim, aval_of(operand).dtype)
-    return bind(
-        prim, operand, indices, updates, update_jaxpr=update_jaxpr, update_consts=update_consts,
+    return bind(prim, operand, indices, updates, **jax_params(prim, _scatter_probe, dict(
+        update_jaxpr=update_jaxpr, update_consts=update_consts,
         dimension_numbers=dimension_numbers, indices_are_sorted=indices_are_sorted,
         unique_indices=unique_indices, mode=GatherScatterMode.from_any(mode),
-    )
+    )))
+
+
+def _scatter_probe(prim, x):
+    fn = {scatter_add_p: lax.scatter_add, scatter_mul_p: lax.scatter_mul,
+          scatter_min_p: lax.scatter_min, scatter_max_p: lax.scatter_max,
+          scatter_sub_p: lax.scatter_sub, scatter_p: lax.scatter}[prim]
+    dn = ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                 scatter_dims_to_operand_dims=(0,))
+    return fn(x, np.zeros((1, 1), np.int32), x[:1], dn)
 
 
 def scatter_add(operand, indices, updates, dimension_numbers, *, mode=GatherScatterMode.FILL_OR_DROP,
@@ -262,7 +277,7 @@ _linear_scatter_jvp(scatter_add_p)
 
 
 def _scatter_add_transpose(ct, x, idx, u, *, update_jaxpr, update_consts, dimension_numbers,
-                           indices_are_sorted, unique_indices, mode):
+                           indices_are_sorted, unique_indices, mode, **jax_only):
     assert not is_linear(idx)
     t_x = ct if is_linear(x) else None
     t_u = None
@@ -285,7 +300,7 @@ transpose_rules[scatter_sub_p] = _scatter_sub_transpose
 
 
 def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_numbers,
-                 indices_are_sorted, unique_indices, mode):
+                 indices_are_sorted, unique_indices, mode, **jax_only):
     """Scatter (overwrite). With unique indices the tangent is a scatter of
     tangents. Otherwise several updates may target one place and only one
     wins: find the winners by scattering update ids, then express the result
@@ -294,7 +309,7 @@ def _scatter_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_nu
     (x, idx, u), (tx, _, tu) = primals, tangents
     params = dict(update_jaxpr=update_jaxpr, update_consts=update_consts,
                   dimension_numbers=dimension_numbers, indices_are_sorted=indices_are_sorted,
-                  unique_indices=unique_indices, mode=mode)
+                  unique_indices=unique_indices, mode=mode, **jax_only)
     if type(tx) is Zero and type(tu) is Zero:
         out = bind(scatter_p, x, idx, u, **params)
         return out, Zero.of(out)
@@ -410,7 +425,7 @@ def _scatter_apply_jvp(x, idx, u, tx, tu, params):
 
 
 def _scatter_transpose(ct, x, idx, u, *, update_jaxpr, update_consts, dimension_numbers,
-                       indices_are_sorted, unique_indices, mode):
+                       indices_are_sorted, unique_indices, mode, **jax_only):
     assert unique_indices, "scatter with non-unique indices is transposed via scatter-add"
     t_x = t_u = None
     ua = u.aval if is_linear(u) else aval_of(u)
@@ -426,14 +441,14 @@ transpose_rules[scatter_p] = _scatter_transpose
 
 
 def _scatter_mul_jvp(primals, tangents, *, update_jaxpr, update_consts, dimension_numbers,
-                     indices_are_sorted, unique_indices, mode):
+                     indices_are_sorted, unique_indices, mode, **jax_only):
     """out = x * M with M the product of the updates landing on each place:
     linear in x; in the updates only with unique indices (else a zero update
     makes the product rule ill-defined), like JAX."""
     (x, idx, u), (tx, _, tu) = primals, tangents
     params = dict(update_jaxpr=update_jaxpr, update_consts=update_consts,
                   dimension_numbers=dimension_numbers, indices_are_sorted=indices_are_sorted,
-                  unique_indices=unique_indices, mode=mode)
+                  unique_indices=unique_indices, mode=mode, **jax_only)
     out = bind(scatter_mul_p, x, idx, u, **params)
     tangent = Zero.of(out)
     if type(tx) is not Zero:

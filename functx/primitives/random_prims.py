@@ -69,14 +69,30 @@ shape_rules[random_seed_p] = lambda seeds, *, impl: Aval(seeds.shape, _key_dtype
 defzero_jvp(random_seed_p)
 unary_batch(random_seed_p)
 
-random_bits_p = defprim("random_bits", _jprng.random_bits_p)
-shape_rules[random_bits_p] = lambda keys, *, bit_width, shape: Aval(
-    keys.shape + tuple(shape), np.dtype(f"uint{bit_width}"))
+# Since JAX 0.12.1 `random_bits` has several results (`num_streams`
+# independent streams) and an `out_sharding`: functx's follows the
+# installed JAX's (NOTE [parameters newer JAX adds]).
+random_bits_p = defprim("random_bits", _jprng.random_bits_p,
+                        multiple_results=_jprng.random_bits_p.multiple_results)
+
+
+def _bits_shape(keys, *, bit_width, shape, num_streams=1, **params):
+    aval = Aval(keys.shape + tuple(shape), np.dtype(f"uint{bit_width}"))
+    return [aval] * num_streams if random_bits_p.multiple_results else aval
+
+
+def _bits_batch(size, vals, dims, **params):
+    out = bind(random_bits_p, vals[0], **params)
+    return out, [dims[0]] * len(out) if random_bits_p.multiple_results else dims[0]
+
+
+shape_rules[random_bits_p] = _bits_shape
 defzero_jvp(random_bits_p)
-unary_batch(random_bits_p)
+batch_rules[random_bits_p] = _bits_batch
 
 random_split_p = defprim("random_split", _jprng.random_split_p)
-shape_rules[random_split_p] = lambda keys, *, shape: Aval(keys.shape + tuple(shape), keys.dtype)
+shape_rules[random_split_p] = lambda keys, *, shape, **params: Aval(
+    keys.shape + tuple(shape), keys.dtype)
 defzero_jvp(random_split_p)
 unary_batch(random_split_p)
 
@@ -234,12 +250,12 @@ broadcasting_batch(random_gamma_grad_p)
 
 
 random_gamma_p = defprim("random_gamma", _jrandom.random_gamma_p)
-shape_rules[random_gamma_p] = lambda key, a, *, log_space: a
+shape_rules[random_gamma_p] = lambda key, a, *, log_space, **params: a
 
 
-def _gamma_jvp(primals, tangents, *, log_space):
+def _gamma_jvp(primals, tangents, *, log_space, **params):
     key, a = primals
-    out = bind(random_gamma_p, key, a, log_space=log_space)
+    out = bind(random_gamma_p, key, a, log_space=log_space, **params)
     ta = tangents[1]
     if type(ta) is Zero:
         return out, Zero.of(out)
@@ -248,9 +264,9 @@ def _gamma_jvp(primals, tangents, *, log_space):
     return out, mul(ta, bind(random_gamma_grad_p, a, out, log_space=log_space))
 
 
-def _gamma_batch(size, vals, dims, *, log_space):
+def _gamma_batch(size, vals, dims, *, log_space, **params):
     key, a = (bdim_to_front(v, d, size) for v, d in zip(vals, dims))
-    return bind(random_gamma_p, key, a, log_space=log_space), 0
+    return bind(random_gamma_p, key, a, log_space=log_space, **params), 0
 
 
 jvp_rules[random_gamma_p] = _gamma_jvp
