@@ -154,6 +154,20 @@ if hasattr(lax, "polynomial_p"):
     op("polynomial_long", lambda x, c: lax.polynomial(x, [c[i] for i in range(10)]),
        [U(S, -1.0, 1.0), U((10,))])
     op("polynomial_scalar_x", lambda x, a, b: lax.polynomial(x, [a, b]), [U(()), U(S), U(S)])
+if hasattr(lax, "sinpi_p"):  # jax 0.12.1+
+    op("sinpi", lax.sinpi, [U(S)])
+    op("cospi", lax.cospi, [U(S)])
+    op("tanpi", lax.tanpi, [U(S, -0.4, 0.4)])
+    op("asinpi", lax.asinpi, [U(S, -0.9, 0.9)])
+    op("acospi", lax.acospi, [U(S, -0.9, 0.9)])
+    op("atanpi", lax.atanpi, [U(S)])
+    op("atan2pi", lax.atan2pi, [U(S), Away(S)])
+    op("exp2m1", lax.exp2m1, [U(S)])
+    op("log2p1", lax.log2p1, [U(S, -0.5, 2.0)])
+    # operands of every broadcast lax's n-ary operations take
+    op("fma", lax.fma, [U(S), U(S), U(S)])
+    op("fma_scalar", lambda a, b, c: lax.fma(a, b, c), [U(()), U(S), U(())])
+    op("fmuladd", lax.fmuladd, [U(S), U(S), U(S)])
 
 op("polygamma", lax.polygamma, [lambda rng: np.full(S, 1.0), U(S, 0.5, 3.0)], diff=(1,))
 op("pow_int_exponent", lax.pow, [U(S, 0.3, 2.0), I(S, -2, 3)], diff=(0,))

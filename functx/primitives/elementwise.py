@@ -34,6 +34,7 @@ from .common import (
     defzero_jvp,
     instantiate,
     is_linear,
+    jax_keeps_weak_type,
     jvp_rules,
     nary_predicate_shape,
     nary_shape,
@@ -145,6 +146,16 @@ def _mul_transpose(ct, x, y, **params):
 
 
 transpose_rules[mul_p] = _mul_transpose
+
+if hasattr(lax, "fma_p"):
+    # jax 0.12.1+: a * b + c rounded once (fma) or as the backend likes
+    # (fmuladd). Tangents are products and sums, so reverse mode needs no
+    # transpose of these.
+    for _name in ("fma", "fmuladd"):
+        _p = _binary(_name, getattr(lax, f"{_name}_p"))
+        defjvp(_p, lambda t, a, b, c: mul(t, b), lambda t, a, b, c: mul(a, t),
+               lambda t, a, b, c: t)
+        globals()[f"{_name}_p"] = _p
 
 div_p = _binary("div", lax.div_p)
 div = _plain(div_p)
@@ -306,10 +317,20 @@ def _abs_jvp(t, out, x):
     if is_complex_dtype(aval_of(x).dtype):
         from .complex import conj, real
 
-        mag = convert_element_type(out, aval_of(x).dtype)
+        # |x| made complex: strongly typed as JAX's rule up to 0.12.0 makes
+        # it, of |x|'s weak type from 0.12.1 (NOTE [weak types in rules])
+        weak = aval_of(out).weak_type and jax_keeps_weak_type(_complex_abs_probe)
+        mag = convert_element_type(out, aval_of(x).dtype, weak)
         safe = _where(eq(mag, scalar_like(mag, 0)), scalar_like(mag, 1), mag)
         return real(mul(t, div(conj(x), safe)))
     return select_n(ge(x, scalar_like(x, 0)), neg(t), t)
+
+
+def _complex_abs_probe(x):  # for jax_keeps_weak_type: JAX's complex abs jvp
+    def f(x):
+        return lax.abs(lax.complex(x, x))
+
+    return jax.jvp(f, (x,), (x,))[1]
 
 
 defjvp_out(abs_p, _abs_jvp)
@@ -392,6 +413,14 @@ if hasattr(lax, "polynomial_p"):
 
     jvp_rules[polynomial_p] = _polynomial_jvp
 
+if hasattr(lax, "exp2m1_p"):  # jax 0.12.1+: 2^x - 1 and log2(1 + x), exact near 0
+    exp2m1_p = _unary("exp2m1", lax.exp2m1_p)
+    defjvp_out(exp2m1_p, lambda t, out, x: mul(t, mul(add(out, scalar_like(out, 1)),
+                                                       scalar_like(out, math.log(2.0)))))
+    log2p1_p = _unary("log2p1", lax.log2p1_p)
+    defjvp(log2p1_p, lambda t, x: div(t, mul(add(x, scalar_like(x, 1)),
+                                             scalar_like(x, math.log(2.0)))))
+
 expm1_p = _unary("expm1", lax.expm1_p)
 defjvp_out(expm1_p, lambda t, out, x, **p: mul(t, add(out, scalar_like(out, 1))))
 
@@ -440,6 +469,44 @@ defjvp(acos_p, lambda t, x: neg(mul(t, rsqrt(sub(scalar_like(x, 1), square(x))))
 
 atan_p = _unary("atan", lax.atan_p)
 defjvp(atan_p, lambda t, x: div(t, add(scalar_like(x, 1), square(x))))
+
+if hasattr(lax, "sinpi_p"):
+    # jax 0.12.1+: IEEE 754's trigonometry in half turns, sinpi(x) =
+    # sin(pi x), asinpi(x) = asin(x) / pi, ... (jnp.sinc emits sinpi).
+    # JAX writes these rules with jnp's `*`: `_jnp_mul`.
+    def _times_pi(x, value):
+        return mul(value, scalar_like(x, math.pi))
+
+    def _over_pi(x, value):
+        return mul(value, scalar_like(x, 1 / math.pi))
+
+    def _inverse_slope(x):  # 1 / (pi sqrt(1 - x^2))
+        return _over_pi(x, rsqrt(sub(scalar_like(x, 1), square(x))))
+
+    sinpi_p = _unary("sinpi", lax.sinpi_p)
+    cospi_p = _unary("cospi", lax.cospi_p)
+    tanpi_p = _unary("tanpi", lax.tanpi_p)
+    defjvp(sinpi_p, lambda t, x: _jnp_mul(t, _times_pi(x, bind(cospi_p, x))))
+    defjvp(cospi_p, lambda t, x: neg(_jnp_mul(t, _times_pi(x, bind(sinpi_p, x)))))
+    defjvp_out(tanpi_p, lambda t, out, x: _jnp_mul(t, _times_pi(
+        out, add(scalar_like(out, 1), square(out)))))
+    asinpi_p = _unary("asinpi", lax.asinpi_p)
+    acospi_p = _unary("acospi", lax.acospi_p)
+    atanpi_p = _unary("atanpi", lax.atanpi_p)
+    defjvp(asinpi_p, lambda t, x: _jnp_mul(t, _inverse_slope(x)))
+    defjvp(acospi_p, lambda t, x: neg(_jnp_mul(t, _inverse_slope(x))))
+    defjvp(atanpi_p, lambda t, x: _jnp_mul(t, _over_pi(x, div(scalar_like(x, 1), add(
+        scalar_like(x, 1), square(x))))))
+    atan2pi_p = _binary("atan2pi", lax.atan2pi_p)
+
+    def _atan2pi_slope(x, y, numerator):  # numerator / (pi (x^2 + y^2))
+        return div(_over_pi(x, numerator), add(square(x), square(y)))
+
+    defjvp(
+        atan2pi_p,
+        lambda t, x, y: _jnp_mul(t, _atan2pi_slope(x, y, y)),
+        lambda t, x, y: _jnp_mul(t, _atan2pi_slope(x, y, neg(x))),
+    )
 
 sinh_p = _unary("sinh", lax.sinh_p)
 sinh = _plain(sinh_p)

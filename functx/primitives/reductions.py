@@ -35,6 +35,8 @@ from .common import (
     defjvp,
     defprim,
     defzero_jvp,
+    full_like,
+    jax_keeps_weak_type,
     jvp_rules,
     shape_rules,
     transpose_rules,
@@ -283,6 +285,27 @@ def _apply_jacobian(jac, t, lead, n):
     return reduce_sum(ew.mul(jac, tb), (len(lead),))
 
 
+def _jacobian_full(xs, shape, value, probe):
+    """A constant of the Jacobian: strongly typed as JAX's rules up to
+    0.12.0 make it, of x's weak type from 0.12.1 on (NOTE [weak types in
+    rules])."""
+    if jax_keeps_weak_type(probe):
+        return full_like(xs, value, shape)
+    return st.full(shape, value, aval_of(xs).dtype)
+
+
+def _cumprod_probe(x):  # for jax_keeps_weak_type: JAX's cumprod vjp
+    import jax
+
+    return jax.vjp(lax.cumprod, x)[1](x)[0]
+
+
+def _cummax_probe(x):
+    import jax
+
+    return jax.vjp(lax.cummax, x)[1](x)[0]
+
+
 def _cumprod_jvp(t, x, *, axis, reverse):
     xs = _scan_last(x, axis, reverse)
     xa = aval_of(xs)
@@ -290,11 +313,11 @@ def _cumprod_jvp(t, x, *, axis, reverse):
     nd = len(lead)
     same, before = _pairs(n, lead)
     rows = st.broadcast_in_dim(xs, lead + (n, n), tuple(range(nd)) + (nd + 1,))
-    ones = st.full(lead + (n, n), 1, xa.dtype)
+    ones = _jacobian_full(xs, lead + (n, n), 1, _cumprod_probe)
     # Row j: x with x_j replaced by 1; its cumulative product at i >= j is
     # the product of the other factors.
     partial = bind(cumprod_p, ew.select_n(same, rows, ones), axis=nd + 1, reverse=False)
-    jac = ew.select_n(before, st.full(lead + (n, n), 0, xa.dtype), partial)
+    jac = ew.select_n(before, _jacobian_full(xs, lead + (n, n), 0, _cumprod_probe), partial)
     return _from_last(_apply_jacobian(jac, _scan_last(t, axis, reverse), lead, n), axis, reverse)
 
 
@@ -307,7 +330,9 @@ def _chooser_scan_jvp(t, out, x, *, axis, reverse):
     _, before = _pairs(n, lead)
     xj = st.broadcast_in_dim(xs, lead + (n, n), tuple(range(nd)) + (nd,))
     oi = st.broadcast_in_dim(os, lead + (n, n), tuple(range(nd)) + (nd + 1,))
-    hit = ew.convert_element_type(ew.and_(before, ew.eq(xj, oi)), xa.dtype)
+    hit = ew.and_(before, ew.eq(xj, oi))
+    hit = ew.convert_like(hit, xa) if jax_keeps_weak_type(_cummax_probe) else \
+        ew.convert_element_type(hit, xa.dtype)
     counts = st.broadcast_in_dim(reduce_sum(hit, (nd,)), lead + (n, n), tuple(range(nd)) + (nd + 1,))
     jac = ew.div(hit, counts)
     return _from_last(_apply_jacobian(jac, _scan_last(t, axis, reverse), lead, n), axis, reverse)

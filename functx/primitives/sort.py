@@ -5,7 +5,7 @@ import numpy as np
 from jax import lax
 
 from ..core import Aval, Zero, aval_of, bind
-from .common import batch_rules, bdim_to_front, defprim, jvp_rules, shape_rules
+from .common import batch_rules, bdim_to_front, defprim, jax_keeps_weak_type, jvp_rules, shape_rules
 from . import structural as st
 from .indexing import take_along_last
 
@@ -70,10 +70,16 @@ top_k_p = defprim("top_k", lax.top_k_p, multiple_results=True)
 def _top_k_shape(x, *, k, axis, **params):
     shape = list(x.shape)
     shape[axis] = k
-    # the indices are as weak as the operand: JAX's rule gives every output
-    # the operand's weak type (NOTE [weak types in rules] in common.py)
+    # the indices are as weak as the operand up to JAX 0.12.0, whose rule
+    # gives every output the operand's weak type; strong from 0.12.1 (NOTE
+    # [weak types in rules] in common.py)
+    weak_idx = x.weak_type and jax_keeps_weak_type(_top_k_indices_probe)
     return [Aval(tuple(shape), x.dtype, x.weak_type),
-            Aval(tuple(shape), np.dtype(np.int32), x.weak_type)]
+            Aval(tuple(shape), np.dtype(np.int32), weak_idx)]
+
+
+def _top_k_indices_probe(x):
+    return lax.top_k(x, 1)[1]
 
 
 shape_rules[top_k_p] = _top_k_shape

@@ -20,6 +20,7 @@ from .common import (
     full_like,
     instantiate,
     is_linear,
+    jax_keeps_weak_type,
     jvp_rules,
     moveaxis,
     scalar_like,
@@ -427,13 +428,22 @@ _linear_jvp(pad_p)
 
 def _unpad(ct, padding_config):
     """The transpose of padding with zeros: drop the padding. (A strongly
-    typed zero, as JAX's rule: the cotangent comes back strong.)"""
+    typed zero, as JAX's rule up to 0.12.0: the cotangent comes back strong;
+    from 0.12.1 one of ct's weak type.)"""
     neg = tuple((-lo, -hi, 0) for lo, hi, _ in padding_config)
-    trimmed = pad(ct, np.array(0, aval_of(ct).dtype), neg)
+    zero = scalar_like(ct, 0) if jax_keeps_weak_type(_pad_probe) else np.array(
+        0, aval_of(ct).dtype)
+    trimmed = pad(ct, zero, neg)
     shape = aval_of(trimmed).shape
     if all(i == 0 for _, _, i in padding_config):
         return trimmed
     return slice(trimmed, (0,) * len(shape), shape, tuple(i + 1 for _, _, i in padding_config))
+
+
+def _pad_probe(x):  # for jax_keeps_weak_type: pad's transpose
+    import jax
+
+    return jax.vjp(lambda x: lax.pad(x, lax.full_like(x, 0, shape=()), ((1, -1, 0),)), x)[1](x)[0]
 
 
 def _pad_transpose(ct, x, pv, *, padding_config):
@@ -508,11 +518,20 @@ def _slice_transpose(ct, x, *, start_indices, limit_indices, strides):
     for d, lo, n, s in zip(shape, start_indices, out_shape, strides):
         used = lo + (n - 1) * s + 1 if n > 0 else lo
         config.append((lo, d - used, s - 1 if n > 0 else 0))
-    # a strongly typed zero, as JAX's rule (slices are arrays, where JAX's
-    # `_const` is strong; NOTE [weak types in rules])
+    # a strongly typed zero, as JAX's rule up to 0.12.0 (slices are arrays,
+    # where JAX's `_const` is strong); from 0.12.1 one of ct's weak type
+    # (NOTE [weak types in rules])
     if any(n == 0 for n in out_shape):
         return [full(shape, 0, x.aval.dtype)]
-    return [pad(ct, np.array(0, aval_of(ct).dtype), config)]
+    zero = scalar_like(ct, 0) if jax_keeps_weak_type(_slice_probe) else np.array(
+        0, aval_of(ct).dtype)
+    return [pad(ct, zero, config)]
+
+
+def _slice_probe(x):  # for jax_keeps_weak_type: slice's transpose
+    import jax
+
+    return jax.vjp(lambda x: lax.slice(x, (1,), (3,)), x)[1](lax.slice(x, (0,), (2,)))[0]
 
 
 transpose_rules[slice_p] = _slice_transpose
