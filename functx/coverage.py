@@ -151,6 +151,7 @@ NOT_TRACEABLE = {
 # function of the JAX installed.
 NOT_IN_EVERY_RELEASE = {
     "jax.lax": {"psend": "jax 0.10 and 0.11, not 0.12", "precv": "jax 0.10 and 0.11, not 0.12"},
+    "jax.scipy.special": {"bessel_jn": "deprecated in jax 0.12.1, which adds jn"},
 }
 _CONFIG = "configuration: a flag or context manager, no computation"
 _RUNTIME = "runtime: devices, processes, caches or compilation, no computation"

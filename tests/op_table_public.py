@@ -656,6 +656,15 @@ def _jax_differentiates_twice(fn, shape):
 op("special.erfcx", SP.erfcx, [U(S)], order=2 if _jax_differentiates_twice(SP.erfcx, S) else 1)
 if hasattr(SP, "erfcinv"):  # jax 0.12+
     op("special.erfcinv", SP.erfcinv, [U(S, 0.2, 1.8)])
+if hasattr(SP, "gammaincinv"):  # jax 0.12.1+
+    op("special.gammaincinv", SP.gammaincinv, [Pos(S, 0.5, 3.0), U(S, 0.1, 0.9)])
+    op("special.gammainccinv", SP.gammainccinv, [Pos(S, 0.5, 3.0), U(S, 0.1, 0.9)])
+    op("special.ndtri_exp", SP.ndtri_exp, [U(S, -3.0, -0.1)])
+if hasattr(SP, "jn"):  # jax 0.12.1+: Bessel functions of integer order
+    op("special.jn", lambda z: SP.jn(2, z), [Pos(S)])
+    op("special.yn", lambda z: SP.yn(1, z), [Pos(S)])
+    op("special.iv", lambda z: SP.iv(1, z), [Pos(S)])
+    op("special.kn", lambda z: SP.kn(1, z), [Pos(S)])
 op("special.gammasgn", SP.gammasgn, [Away2(S, avoid=(-1.0, -2.0))], nondiff=True)
 op("special.bernoulli", lambda x: x * SP.bernoulli(2), [U((3,))])
 op("special.bessel_jn", lambda z: SP.bessel_jn(z, v=2, n_iter=20), [Pos(S)])
@@ -792,6 +801,8 @@ HEAVY = {
     "jnp.setxor1d", "jnp.setdiff1d", "jnp.corrcoef", "jnp.polydiv",
     "linalg.slogdet", "linalg.lstsq",
 }
+HEAVY |= {"special.gammaincinv", "special.gammainccinv", "special.jn", "special.yn",
+          "special.iv", "special.kn"} & {o.name for o in OPS}  # (jax 0.12.1+)
 for _op in OPS:
     _op.heavy = _op.name in HEAVY
 
