@@ -183,7 +183,12 @@ def test_a_gradient_runs_forward_and_backward_as_one_program(monkeypatch, reques
         assert _bits(g(w, XS[0])) == first
         caches.wait_for_compiles()
     held = request.getfixturevalue("held_compiles")
-    assert _bits(g(w, XS[0])) == first  # its transpose is handed to the compile thread
+    # its transpose is handed to the compile thread (a call or two later
+    # where a full suite's caches dropped the count of its first sighting)
+    for _ in range(3):
+        assert _bits(g(w, XS[0])) == first
+        if reverse._staged.pending:
+            break
     assert reverse._staged.pending, "the transpose was not handed to the compile thread"
     held.release()  # the build runs now, after the call whose tape it reads
     monkeypatch.undo()
