@@ -65,6 +65,58 @@ def test_direct_binding_is_the_jax_numpy_primitive(name):
     assert prims == [_NP_TO_PRIM.get(name, name)], prims
 
 
+_SHAPES = [((3, 4), (1, 4)), ((3, 1), (1, 4)), ((2, 3, 4), (1, 3, 1))]
+_RANKS = [((3, 4), (4,)), ((4,), (2, 3, 4)), ((2, 3, 4), (3, 1))]
+_MATMULS = [((3, 4), (4, 2)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4, 5))]
+
+
+@pytest.mark.parametrize("name,shapes,promote", [("add", s, False) for s in _SHAPES]
+                         + [("add", s, True) for s in _RANKS] + [("less", _RANKS[0], True)]
+                         + [("matmul", s, False) for s in _MATMULS])
+def test_fast_paths_of_broadcasting_and_matmul(name, shapes, promote):
+    """Operands of different shapes (size-1 broadcasting, and jax.numpy's
+    rank promotion where `jax_numpy_rank_promotion` allows it) and `@` with
+    a vector or matrix on the right bind their primitives directly (no
+    lifting), with JAX's results bit for bit under vmap and grad; where the
+    option raises (this suite sets it), rank promotion raises as in
+    jax.numpy."""
+    from functx import lifting
+
+    jfn = getattr(jnp, name)
+    xs = [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes]
+    lifted = []
+    real = lifting._CACHE.get
+    counting = []
+
+    def fn(x, y):
+        counting.append(True)
+        try:
+            return getattr(fnp, name)(x, y)
+        finally:
+            counting.pop()
+
+    def run():
+        got = fx.vmap(fn, in_dims=(0, None))(jnp.stack([xs[0], -xs[0]]), xs[1])
+        want = jax.vmap(jfn, in_axes=(0, None))(jnp.stack([xs[0], -xs[0]]), xs[1])
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        if name != "less":
+            got = fx.grad(lambda x, y: fn(x, y).sum(), argnums=(0, 1))(*xs)
+            want = jax.grad(lambda x, y: jfn(x, y).sum(), argnums=(0, 1))(*xs)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    with jax.numpy_rank_promotion("allow"):
+        try:
+            lifting._CACHE.get = lambda key: (counting and lifted.append(key)) or real(key)
+            run()
+        finally:
+            del lifting._CACHE.get
+    assert not lifted, lifted
+    if promote:
+        with jax.numpy_rank_promotion("raise"), pytest.raises(ValueError, match="rank_promotion"):
+            fx.vmap(fn, in_dims=(0, None))(xs[0][None], xs[1])
+
+
 def test_no_transform_calls_jax_numpy_directly():
     assert fnp.sin(A) is not None
     close(fnp.sin(A), jnp.sin(A))

@@ -12,14 +12,18 @@ jax.numpy's own objects.
 import inspect as _inspect
 import types as _types
 
+import jax as _jax
 import jax.numpy as _jnp
+from jax._src.config import numpy_rank_promotion as _rank_promotion
 
 from ..core import ImperativeValue as _ImperativeValue
 from ..core import TRACER_TYPES as _TRACER_TYPES
 from ..core import Tracer as _Tracer
 from ..core import aval_of as _aval_of
 from ..lifting import call_lifted as _call_lifted
+from ..primitives import dot as _dot
 from ..primitives import elementwise as _ew
+from ..primitives import structural as _st
 from ..primitives.common import scalar_constant as _scalar_constant
 
 
@@ -183,17 +187,19 @@ def _kind(dtype):
 
 
 def binary_operands(x, y, float_only=False):
-    """If `x op y` can go straight to the lax primitive (same dtype, same
-    shape or a Python scalar, no weak types), the operands to pass; else
-    None."""
+    """If `x op y` can go straight to the lax primitive (same dtype, no weak
+    types; shapes that broadcast, or a Python scalar), the operands to
+    pass; else None."""
     xt, yt = type(x) in _TRACER_TYPES, type(y) in _TRACER_TYPES
     if not (xt or yt):
         return None
     if xt and yt:
         xa, ya = x.aval, y.aval
-        if _kind(xa.dtype) in "fiu" and xa.dtype == ya.dtype and xa.shape == ya.shape and not xa.weak_type and not ya.weak_type:
+        if _kind(xa.dtype) in "fiu" and xa.dtype == ya.dtype and not xa.weak_type and not ya.weak_type:
             if not float_only or xa.dtype.kind == "f":
-                return x, y
+                if xa.shape == ya.shape:
+                    return x, y
+                return _broadcast_operands(x, xa.shape, y, ya.shape)
         return None
     t, other = (x, y) if xt else (y, x)
     a = t.aval
@@ -207,10 +213,35 @@ def binary_operands(x, y, float_only=False):
         return (t, c) if xt else (c, t)
     if hasattr(other, "shape") and not isinstance(other, (_Tracer, _ImperativeValue)):
         oa = _aval_of(other)
-        if oa.dtype == a.dtype and oa.shape == a.shape and not oa.weak_type:
+        if oa.dtype == a.dtype and not oa.weak_type:
             if not float_only or kind == "f":
-                return x, y
+                if oa.shape == a.shape:
+                    return x, y
+                xs, ys = (a.shape, oa.shape) if xt else (oa.shape, a.shape)
+                return _broadcast_operands(x, xs, y, ys)
     return None
+
+
+def _broadcast_operands(x, xs, y, ys):
+    """`x` and `y` (of shapes `xs`, `ys`) as jax.numpy hands them to a lax
+    n-ary primitive: the one of lower rank given leading axes of size 1
+    (`broadcast_in_dim`); axes of size 1 against others the primitive
+    broadcasts itself. None where the shapes do not broadcast, or where the
+    ranks differ and `jax_numpy_rank_promotion` is not "allow": the lifted
+    call raises (or warns) as jax.numpy does."""
+    nx, ny = len(xs), len(ys)
+    n = nx if nx > ny else ny
+    if nx != ny and _rank_promotion.value != "allow":  # jax.numpy warns or raises
+        return None
+    px, py = (1,) * (n - nx) + tuple(xs), (1,) * (n - ny) + tuple(ys)
+    for a, b in zip(px, py):
+        if a != b and a != 1 and b != 1:
+            return None
+    if nx < n:
+        x = _st.broadcast_in_dim(x, px, tuple(range(n - nx, n)))
+    elif ny < n:
+        y = _st.broadcast_in_dim(y, py, tuple(range(n - ny, n)))
+    return x, y
 
 
 def _binary_fast(name, binder, slow):
@@ -241,6 +272,33 @@ def _fast(fn, name, slow):
     fn.__dict__.update({k: v for k, v in slow.__dict__.items() if k != "__wrapped__"})
     return fn
 
+
+def _matmul_fast(slow):
+    """`x @ y` with `y` a vector or a matrix: one dot_general contracting
+    x's last axis with y's first, as jax.numpy writes it."""
+    jax_fn = slow.__wrapped__
+
+    def matmul(x, y, *args, **kwargs):
+        if not args and not kwargs and (type(x) in _TRACER_TYPES or type(y) in _TRACER_TYPES) \
+                and _is_array(x) and _is_array(y):
+            xa, ya = _aval_of(x), _aval_of(y)
+            if (xa.dtype == ya.dtype and _kind(xa.dtype) == "f" and not xa.weak_type
+                    and not ya.weak_type and xa.ndim >= 1 and 1 <= ya.ndim <= 2
+                    and xa.shape[-1] == ya.shape[0]):
+                return _dot.dot_general(x, y, (((xa.ndim - 1,), (0,)), ((), ())), xa.dtype)
+        elif _TYPE_KINDS.get(type(x)) == _PLAIN and _TYPE_KINDS.get(type(y)) == _PLAIN and not (
+                args or kwargs):
+            return jax_fn(x, y)
+        return slow(x, y, *args, **kwargs)
+
+    return _fast(matmul, "matmul", slow)
+
+
+def _is_array(x):  # a functx value or a JAX array (or JAX tracer)
+    return type(x) in _TRACER_TYPES or isinstance(x, _jax.Array)
+
+
+matmul = _matmul_fast(matmul)  # noqa: F821 - populate() defined it
 
 for _name, _binder in _UNARY.items():
     globals()[_name] = _unary_fast(_name, _binder, globals()[_name])
