@@ -108,6 +108,14 @@ _METHODS = (
 for _name in _METHODS:
     setattr(Tracer, _name, _method(_name))
 
+
+def _sum(self, *args, **kwargs):  # functx.numpy's sum: one reduce_sum where it can
+    return fnp.sum(self, *args, **kwargs)
+
+
+_sum.__doc__ = "Like jax.Array.sum."
+Tracer.sum = _sum
+
 _prop_callers = {}
 
 

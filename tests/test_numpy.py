@@ -370,3 +370,38 @@ def test_functions_with_static_results_return_python_values():
 
     close(fx.vmap(f)(AS), AS * 12)
     assert seen == {"shape": (4, 3), "ndim": 2, "size": 12, "dtype": AS.dtype, "floating": True}
+
+
+@pytest.mark.parametrize("call", [lambda x: x.sum(), lambda x: x.sum(1), lambda x: x.sum(axis=(-1, 0)),
+                                  lambda x: fnp.sum(x, 0)],
+                         ids=["all", "axis", "negative_tuple", "function"])
+def test_sum_of_float_values_is_one_reduce_sum(call):
+    """`x.sum(...)` / `functx.numpy.sum` of a float32 functx value binds
+    reduce_sum without lifting, with jax.vmap's and jax.grad's results bit
+    for bit; float16 (which jax.numpy sums in float32), keywords and bad
+    axes take jax.numpy's path and its errors."""
+    from functx import lifting
+
+    x = jnp.asarray(rng.standard_normal((2, 3)), jnp.float32)
+    xs = jnp.stack([x, -2 * x])
+    lifted = []
+    real = lifting._CACHE.get
+    try:
+        lifting._CACHE.get = lambda key: lifted.append(key) or real(key)
+        got = fx.vmap(call)(xs), fx.grad(lambda x: (call(x) * 3).mean())(x)
+    finally:
+        del lifting._CACHE.get
+    jcall = {fnp.sum: jnp.sum}.get(call, call)
+    want = jax.vmap(call)(xs), jax.grad(lambda x: (call(x) * 3).mean())(x)
+    assert len(lifted) == 1, lifted  # mean, in the grad
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    half = fx.vmap(lambda x: call(x.astype(jnp.float16)))(xs)
+    assert half.dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(half), np.asarray(
+        jax.vmap(lambda x: call(x.astype(jnp.float16)))(xs)))
+    with pytest.raises(ValueError, match="out of bounds"):
+        fx.vmap(lambda x: x.sum(2))(xs)
+    np.testing.assert_array_equal(np.asarray(fx.vmap(lambda x: x.sum(keepdims=True))(xs)),
+                                  np.asarray(xs.sum((1, 2), keepdims=True)))

@@ -13,6 +13,7 @@ import inspect as _inspect
 import types as _types
 
 import jax as _jax
+import numpy as _np
 import jax.numpy as _jnp
 from jax._src.config import numpy_rank_promotion as _rank_promotion
 
@@ -20,8 +21,10 @@ from ..core import ImperativeValue as _ImperativeValue
 from ..core import TRACER_TYPES as _TRACER_TYPES
 from ..core import Tracer as _Tracer
 from ..core import aval_of as _aval_of
+from ..core import bind as _bind
 from ..lifting import call_lifted as _call_lifted
 from ..primitives import dot as _dot
+from ..primitives import reductions as _reductions
 from ..primitives import elementwise as _ew
 from ..primitives import structural as _st
 from ..primitives.common import scalar_constant as _scalar_constant
@@ -294,11 +297,45 @@ def _matmul_fast(slow):
     return _fast(matmul, "matmul", slow)
 
 
+_SUMMED = frozenset(map(_np.dtype, ("float32", "float64")))  # no upcast by jax.numpy
+
+
+def _sum_fast(slow):
+    """`sum(x)` / `sum(x, axis)` of a functx value of float32/float64: one
+    reduce_sum, as jax.numpy writes it (other dtypes, keywords and invalid
+    axes take jax.numpy's own path)."""
+
+    def sum(a, axis=None, *args, **kwargs):  # noqa: A001 - jax.numpy's name
+        if not args and not kwargs and type(a) in _TRACER_TYPES:
+            av = a.aval
+            if av.dtype in _SUMMED and not av.weak_type:
+                axes = _summed_axes(axis, len(av.shape))
+                if axes:  # in the order given, as jax.numpy (XLA sums in that order)
+                    return _bind(_reductions.reduce_sum_p, a, axes=axes, out_sharding=None)
+        return slow(a, axis, *args, **kwargs)
+
+    return _fast(sum, "sum", slow)
+
+
+def _summed_axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    if type(axis) is int:
+        axis = (axis,)
+    elif type(axis) is not tuple or [a for a in axis if type(a) is not int]:
+        return None  # (list tests: this module's `all` is jax.numpy's)
+    axes = tuple(a + ndim if a < 0 else a for a in axis)
+    if len(set(axes)) != len(axes) or [a for a in axes if not 0 <= a < ndim]:
+        return None
+    return axes
+
+
 def _is_array(x):  # a functx value or a JAX array (or JAX tracer)
     return type(x) in _TRACER_TYPES or isinstance(x, _jax.Array)
 
 
 matmul = _matmul_fast(matmul)  # noqa: F821 - populate() defined it
+sum = _sum_fast(sum)  # noqa: A001,F821
 
 for _name, _binder in _UNARY.items():
     globals()[_name] = _unary_fast(_name, _binder, globals()[_name])
