@@ -151,11 +151,14 @@ if hasattr(lax, "fma_p"):
     # jax 0.12.1+: a * b + c rounded once (fma) or as the backend likes
     # (fmuladd). Tangents are products and sums, so reverse mode needs no
     # transpose of these.
-    for _name in ("fma", "fmuladd"):
-        _p = _binary(_name, getattr(lax, f"{_name}_p"))
-        defjvp(_p, lambda t, a, b, c: mul(t, b), lambda t, a, b, c: mul(a, t),
+    def _multiply_add(name, jax_prim):
+        p = _binary(name, jax_prim)
+        defjvp(p, lambda t, a, b, c: mul(t, b), lambda t, a, b, c: mul(a, t),
                lambda t, a, b, c: t)
-        globals()[f"{_name}_p"] = _p
+        return p
+
+    fma_p = _multiply_add("fma", lax.fma_p)
+    fmuladd_p = _multiply_add("fmuladd", lax.fmuladd_p)
 
 div_p = _binary("div", lax.div_p)
 div = _plain(div_p)

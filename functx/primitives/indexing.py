@@ -172,6 +172,13 @@ _ALL_SCATTERS = (scatter_add_p, scatter_p, scatter_mul_p, scatter_min_p, scatter
 
 
 _COMBINERS = {}
+# each scatter primitive's jax.lax function, and the dimension numbers of
+# the one-element scatters `_combiner` and `_scatter_probe` trace
+_LAX_SCATTERS = {scatter_add_p: lax.scatter_add, scatter_mul_p: lax.scatter_mul,
+                 scatter_min_p: lax.scatter_min, scatter_max_p: lax.scatter_max,
+                 scatter_sub_p: lax.scatter_sub, scatter_p: lax.scatter}
+_ONE_ELEMENT = ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                       scatter_dims_to_operand_dims=(0,))
 
 
 def _combiner(prim, dtype):
@@ -183,12 +190,8 @@ def _combiner(prim, dtype):
     if key not in _COMBINERS:
         import jax
 
-        fn = {scatter_add_p: lax.scatter_add, scatter_mul_p: lax.scatter_mul,
-              scatter_min_p: lax.scatter_min, scatter_max_p: lax.scatter_max,
-              scatter_sub_p: lax.scatter_sub}[prim]
-        dn = ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
-                                     scatter_dims_to_operand_dims=(0,))
-        jaxpr = jax.make_jaxpr(lambda o, i, u: fn(o, i, u, dn))(
+        fn = _LAX_SCATTERS[prim]
+        jaxpr = jax.make_jaxpr(lambda o, i, u: fn(o, i, u, _ONE_ELEMENT))(
             np.zeros((1,), dtype), np.zeros((1, 1), np.int32), np.zeros((1,), dtype)
         )
         eqn = [e for e in jaxpr.jaxpr.eqns if e.primitive is prim.jax][0]
@@ -207,12 +210,7 @@ def _scatter(prim, operand, indices, updates, dimension_numbers, *, mode, unique
 
 
 def _scatter_probe(prim, x):
-    fn = {scatter_add_p: lax.scatter_add, scatter_mul_p: lax.scatter_mul,
-          scatter_min_p: lax.scatter_min, scatter_max_p: lax.scatter_max,
-          scatter_sub_p: lax.scatter_sub, scatter_p: lax.scatter}[prim]
-    dn = ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
-                                 scatter_dims_to_operand_dims=(0,))
-    return fn(x, np.zeros((1, 1), np.int32), x[:1], dn)
+    return _LAX_SCATTERS[prim](x, np.zeros((1, 1), np.int32), x[:1], _ONE_ELEMENT)
 
 
 def scatter_add(operand, indices, updates, dimension_numbers, *, mode=GatherScatterMode.FILL_OR_DROP,

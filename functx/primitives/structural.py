@@ -431,13 +431,20 @@ def _unpad(ct, padding_config):
     typed zero, as JAX's rule up to 0.12.0: the cotangent comes back strong;
     from 0.12.1 one of ct's weak type.)"""
     neg = tuple((-lo, -hi, 0) for lo, hi, _ in padding_config)
-    zero = scalar_like(ct, 0) if jax_keeps_weak_type(_pad_probe) else np.array(
-        0, aval_of(ct).dtype)
-    trimmed = pad(ct, zero, neg)
+    trimmed = pad(ct, _transpose_zero(ct, _pad_probe), neg)
     shape = aval_of(trimmed).shape
     if all(i == 0 for _, _, i in padding_config):
         return trimmed
     return slice(trimmed, (0,) * len(shape), shape, tuple(i + 1 for _, _, i in padding_config))
+
+
+def _transpose_zero(ct, probe):
+    """The padding value of a transpose that pads `ct`: a zero of ct's weak
+    type where the installed JAX's rule keeps it (`probe`, 0.12.1+), else a
+    strongly typed one."""
+    if jax_keeps_weak_type(probe):
+        return scalar_like(ct, 0)
+    return np.array(0, aval_of(ct).dtype)
 
 
 def _pad_probe(x):  # for jax_keeps_weak_type: pad's transpose
@@ -523,9 +530,7 @@ def _slice_transpose(ct, x, *, start_indices, limit_indices, strides):
     # (NOTE [weak types in rules])
     if any(n == 0 for n in out_shape):
         return [full(shape, 0, x.aval.dtype)]
-    zero = scalar_like(ct, 0) if jax_keeps_weak_type(_slice_probe) else np.array(
-        0, aval_of(ct).dtype)
-    return [pad(ct, zero, config)]
+    return [pad(ct, _transpose_zero(ct, _slice_probe), config)]
 
 
 def _slice_probe(x):  # for jax_keeps_weak_type: slice's transpose
