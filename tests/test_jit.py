@@ -478,3 +478,20 @@ def test_batched_matrix_vector_product_does_not_broadcast_the_matrix():
         text = fx.jit(lambda vs: fx.vmap(lambda v: w @ v, in_dims=in_dims)(vs)).lower(vs).as_text()
         assert "16x16x16" not in text
     close(fx.vmap(lambda v: w @ v)(vs), jax.vmap(lambda v: w @ v)(vs))
+
+
+def test_forward_part_of_a_gradient_computes_no_dropped_tangent_work():
+    # log_softmax differentiates reduce_max and then drops that tangent
+    # (stop_gradient): the forward part of grad(jit(f)) must neither compute
+    # nor return the max's derivative (its location mask), as JAX's does not
+    from functx.interpreters.jvp import jvp_graph
+
+    def f(np_):
+        return lambda x: -np_.sum(jax.nn.log_softmax(x, axis=-1)[:, 0])
+
+    split = jvp_graph(fx.make_graph(f(fnp))(XS), (True,))
+    prims = [e.prim.name for e in split.primal.eqns]
+    assert "eq" not in prims and "convert_element_type" not in prims, prims
+    # the loss and two residuals: exp(x - max) and the sum it is divided by
+    assert len(split.primal.outputs) == 3
+    close(fx.grad(fx.jit(f(fnp)))(XS), jax.grad(f(jnp))(XS))

@@ -191,6 +191,11 @@ def split_known(graph, n_known_in, n_known_out):
             known.update(eqn.outputs)
         else:
             unknown_eqns.append(eqn)
+    # Residuals only for the unknown equations an unknown output needs: a
+    # tangent computed and then dropped (reduce_max's jvp under
+    # stop_gradient, in log_softmax) must not make the known part compute
+    # and return its inputs.
+    unknown_eqns = dce(Graph(graph.inputs, unknown_eqns, graph.outputs[n_known_out:])).eqns
     residuals = {}
     for eqn in unknown_eqns:
         for x in eqn.inputs:
@@ -206,8 +211,8 @@ def split_known(graph, n_known_in, n_known_out):
     res_src = tuple(position.get(v, -1) for v in residuals)
     computed = [v for v, i in zip(residuals, res_src) if i < 0]
     known_graph = dce(Graph(graph.inputs[:n_known_in], known_eqns, known_outs + computed))
-    unknown_graph = dce(Graph(residuals + graph.inputs[n_known_in:], unknown_eqns,
-                              graph.outputs[n_known_out:]))
+    unknown_graph = Graph(residuals + graph.inputs[n_known_in:], unknown_eqns,
+                          graph.outputs[n_known_out:])
     return known_graph, unknown_graph, res_src
 
 
