@@ -59,6 +59,10 @@ from .transforms import (
 
 __version__ = "0.1.0"
 
+from . import caches as _caches  # noqa: E402
+
+_caches.collect_if_overdue()  # NOTE [full collections between calls]
+
 __all__ = [
     "grad", "grad_and_value", "vjp", "jvp", "linearize", "vmap", "jacrev", "jacfwd",
     "hessian", "hvp", "vhp", "jit", "make_graph", "functional_call", "stack_module_state",

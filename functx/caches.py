@@ -476,7 +476,12 @@ def _calls_running():
 # earlier, while nothing waits, and not more often (two test files ran 15
 # full collections with it and 15 without; collecting on the count alone
 # made 22). Calls in a tight loop leave no quiet time, and nothing changes
-# there. Off where the collector is disabled or its third threshold is 0,
+# there. Importing JAX and functx leaves the next full collection overdue by
+# CPython's count (JAX's import ran the last ones, on a far smaller heap):
+# left alone it lands in the first call (40-80 ms of the rejit first call
+# in benchmarks/first_calls.py); so the import starts the compile thread
+# when it is, which runs it in the quiet before that call (between a
+# notebook's cells, or while a script builds its inputs). Off where the collector is disabled or its third threshold is 0,
 # and on Python 3.14 and later, whose incremental collector does not pause
 # for the whole heap.
 class _IdleCollection:
@@ -492,12 +497,14 @@ class _IdleCollection:
         self.on = sys.version_info < (3, 14) and sys.implementation.name == "cpython"
         self.runs = 0  # full collections run here
         self.base = sys.getallocatedblocks()  # the heap after the last full collection
+        self.seen = False  # a full collection has ended since functx was imported
         if self.on:
             gc.callbacks.append(self._observe)
 
     def _observe(self, phase, info):
         if info["generation"] == 2 and phase == "stop":
             self.base = sys.getallocatedblocks()
+            self.seen = True
 
     def armed(self):
         """A full collection is near: CPython has counted half the younger
@@ -508,8 +515,13 @@ class _IdleCollection:
         if not self.on or not gc.isenabled():
             return False
         threshold = gc.get_threshold()[2]
-        if threshold <= 0 or gc.get_count()[2] < max(1, threshold // 2):
+        count = gc.get_count()[2]
+        if threshold <= 0 or count < max(1, threshold // 2):
             return False
+        if not self.seen and count >= threshold:
+            # overdue when functx was imported: the heap at CPython's last
+            # full collection (during JAX's import) is not known here
+            return True
         return sys.getallocatedblocks() - self.base >= self.NEAR * self.base / 4
 
     def due(self):
@@ -524,6 +536,18 @@ class _IdleCollection:
 
 
 idle_collection = _IdleCollection()
+
+
+def collect_if_overdue():
+    """Called at the end of functx's import: when the process's next full
+    collection is already overdue (NOTE [full collections between calls]),
+    start the compile thread so that it runs it while no call is running,
+    rather than inside the first call."""
+    global _executor
+    if idle_collection.armed() and _executor is None:
+        with _executor_lock:
+            if _executor is None:
+                _executor = _CompileThread()
 
 
 # Priorities of the compile thread's jobs. Builds that stage run in the

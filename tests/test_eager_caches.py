@@ -657,3 +657,37 @@ def test_a_near_full_collection_runs_on_the_compile_thread_between_calls(monkeyp
         assert caches.compile_thread in full and not ic.armed()
     finally:
         gc.callbacks.remove(observe)
+
+
+_OVERDUE_AT_IMPORT = """
+import gc, sys, threading, time
+import jax
+threshold = gc.get_threshold()
+if threshold[2] < 1 or not gc.isenabled() or sys.version_info >= (3, 14):
+    print("skip"); sys.exit()
+gc.set_threshold(10**9, threshold[1], threshold[2])  # no collection of CPython's own meanwhile
+for _ in range(threshold[2]):
+    gc.collect(1)  # each counts toward the next full collection: now overdue
+full = []
+gc.callbacks.append(lambda phase, info: full.append(threading.current_thread().name)
+                    if phase == "stop" and info["generation"] == 2 else None)
+import functx
+deadline = time.perf_counter() + 20
+while not full and time.perf_counter() < deadline:
+    time.sleep(0.01)
+print(full, gc.get_count()[2])
+"""
+
+
+@pytest.mark.slow
+def test_a_full_collection_overdue_at_import_runs_before_the_first_call():
+    """NOTE [full collections between calls]: importing JAX and functx can
+    leave CPython's next full collection overdue; the import starts the
+    compile thread, which runs it while no call is running."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _OVERDUE_AT_IMPORT], capture_output=True,
+                         text=True, timeout=300, check=True).stdout.strip()
+    if out == "skip":
+        pytest.skip("no generational full collections to move on this Python")
+    assert out == "['functx-compile'] 0", out
