@@ -522,12 +522,13 @@ def test_the_compile_thread_runs_a_new_program_once_before_a_call_takes_it(monke
     """NOTE [a program's first run]: XLA:CPU finishes a program on its first
     run, so the compile thread runs each program it compiled for the eager
     engine once, on zeros, when no call is in progress; the calls' results
-    are unchanged (JAX's, bit for bit on every call)."""
+    are unchanged (JAX's, bit for bit on every call). Its zeros compile
+    nothing (`jnp.zeros` compiled a program per shape: 2 MB each)."""
     import threading
 
     from functx.interpreters import eval as eval_
 
-    runs = []
+    runs, compiled, zero_run_compiles = [], [], []
     first_run = eval_._first_run
 
     def spy(program, jaxpr, specs):
@@ -535,12 +536,19 @@ def test_the_compile_thread_runs_a_new_program_once_before_a_call_takes_it(monke
             runs.append(threading.current_thread() is threading.main_thread())
             return program(*args)
 
+        before = len(compiled)
         first_run(counted, jaxpr, specs)
+        zero_run_compiles.append(compiled[before:])
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(kwargs.get("fun_name"))
 
     monkeypatch.setattr(eval_, "_first_run", spy)
+    jax.monitoring.register_event_duration_secs_listener(listener)
     fx.clear_caches()
     g = fx.vmap(fx.grad(loss(fnp)), in_dims=(None, 0))
-    xs = jnp.stack([X, -X, 2.0 * X])
+    xs = jnp.stack([X * (1.0 + 0.1 * i) for i in range(13)])  # shapes of no other test
     want = jax.vmap(jax.grad(loss(jnp)), in_axes=(None, 0))(W, xs)
     seen = set()
     for _ in range(6):
@@ -550,6 +558,7 @@ def test_the_compile_thread_runs_a_new_program_once_before_a_call_takes_it(monke
         caches.wait_for_compiles()
     assert len(seen) == 1
     assert runs and not any(runs), runs  # at least one, none on the calling thread
+    assert not any(zero_run_compiles), zero_run_compiles
 
 
 def test_programs_with_effects_or_callbacks_are_not_run_on_zeros():

@@ -210,8 +210,11 @@ def _first_run(program, jaxpr, specs):
             or _calls_back(jaxpr) or not caches.wait_for_idle()
             or not xla_cpu.last_program_finished(caches.MAX_WAIT)):
         return
+    from ..core import jax_zeros
+
     try:
-        zeros = jax.tree_util.tree_map(lambda s: jax.numpy.zeros(s.shape, s.dtype), specs)
+        # copied from the host: jnp.zeros would compile a program per shape
+        zeros = jax.tree_util.tree_map(lambda s: jax_zeros(s.shape, s.dtype), specs)
         jax.block_until_ready(program(*zeros))
     except Exception:  # noqa: BLE001 - only a warm-up: the call will run it as before
         pass
