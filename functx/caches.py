@@ -479,9 +479,9 @@ def _calls_running():
 # there. Importing JAX and functx leaves the next full collection overdue by
 # CPython's count (JAX's import ran the last ones, on a far smaller heap):
 # left alone it lands in the first call (40-80 ms of the rejit first call
-# in benchmarks/first_calls.py); so the import starts the compile thread
-# when it is, which runs it in the quiet before that call (between a
-# notebook's cells, or while a script builds its inputs). Off where the collector is disabled or its third threshold is 0,
+# in benchmarks/first_calls.py); so when it is, the import starts a thread
+# that runs it in the quiet before that call (between a notebook's cells,
+# or while a script builds its inputs) and then ends. Off where the collector is disabled or its third threshold is 0,
 # and on Python 3.14 and later, whose incremental collector does not pause
 # for the whole heap.
 class _IdleCollection:
@@ -541,13 +541,19 @@ idle_collection = _IdleCollection()
 def collect_if_overdue():
     """Called at the end of functx's import: when the process's next full
     collection is already overdue (NOTE [full collections between calls]),
-    start the compile thread so that it runs it while no call is running,
-    rather than inside the first call."""
-    global _executor
-    if idle_collection.armed() and _executor is None:
-        with _executor_lock:
-            if _executor is None:
-                _executor = _CompileThread()
+    a short-lived thread runs it while no call is running, rather than
+    CPython inside the first call. The thread ends once it has (or CPython
+    has), so importing functx leaves no thread behind."""
+    if idle_collection.armed():
+        threading.Thread(target=_collect_when_quiet, name="functx-collect", daemon=True).start()
+
+
+def _collect_when_quiet():
+    while idle_collection.armed():
+        if idle_collection.due():
+            idle_collection.run()
+            return
+        time.sleep(idle_collection.QUIET_S)
 
 
 # Priorities of the compile thread's jobs. Builds that stage run in the
