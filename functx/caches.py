@@ -548,8 +548,9 @@ def collect_if_overdue():
         threading.Thread(target=_collect_when_quiet, name="functx-collect", daemon=True).start()
 
 
-def _collect_when_quiet():
-    while idle_collection.armed():
+def _collect_when_quiet(give_up_s=10.0):
+    deadline = time.perf_counter() + give_up_s  # calls running all the while: leave it to CPython
+    while idle_collection.armed() and time.perf_counter() < deadline:
         if idle_collection.due():
             idle_collection.run()
             return
