@@ -303,3 +303,58 @@ def test_random_bits_of_this_jax_under_transforms():
 
     close(fx.vmap(fx.grad(loss), in_dims=(None, 0))(1.0, keys),
           jax.vmap(jax.grad(loss), in_axes=(None, 0))(1.0, keys))
+
+
+def _same_bits(a, b):
+    a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+    assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (a, b)
+
+
+_F32 = np.float32
+_EXTREME = {  # operands where squaring (JAX up to 0.12.0) overflows or underflows
+    "div": (lax.div, [1.0, -3.0, 1e-30, 2e25, 0.5], [2.0, 1e-25, 3e-30, 3e25, -1e20]),
+    "atan2": (lax.atan2, [1.0, -3.0, 1e-30, 2e25, 0.0], [2.0, 1e-25, 3e-30, 3e25, 1.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EXTREME))
+def test_derivatives_follow_this_jaxs_formula_at_extreme_operands(name):
+    """NOTE [derivatives JAX made overflow-safe]: jvp (each tangent alone and
+    both), grad and grad of grad equal JAX's bit for bit, on every release;
+    from 0.12.1 on they are finite where the old formula gave inf or NaN."""
+    op, xs, ys = _EXTREME[name]
+    fop = getattr(fx.lax, name)
+    x, y = jnp.asarray(xs, _F32), jnp.asarray(ys, _F32)
+    dx, dy = jnp.asarray([1.0, 0.5, -2.0, 1.0, 1.0], _F32), jnp.asarray([0.25, 1.0, 1.0, -1.0, 2.0], _F32)
+    zero = jnp.zeros_like(dx)
+    for tangents in [(dx, dy), (dx, zero), (zero, dy)]:  # zeros as arrays
+        _same_bits(fx.jvp(fop, (x, y), tangents)[1], jax.jvp(op, (x, y), tangents)[1])
+    for argnum in (0, 1):  # one operand differentiated: the other tangent is a symbolic zero
+        got = fx.jvp(lambda v: fop(v, y) if argnum == 0 else fop(x, v), ((x, y)[argnum],), ((dx, dy)[argnum],))
+        want = jax.jvp(lambda v: op(v, y) if argnum == 0 else op(x, v), ((x, y)[argnum],), ((dx, dy)[argnum],))
+        _same_bits(got[1], want[1])
+    for g, h in zip(fx.grad(lambda a, b: fop(a, b).sum(), argnums=(0, 1))(x, y),
+                    jax.grad(lambda a, b: op(a, b).sum(), argnums=(0, 1))(x, y)):
+        _same_bits(g, h)
+    _same_bits(fx.grad(lambda a, b: fx.grad(lambda a, b: fop(a, b).sum())(a, b).sum())(x, y),
+               jax.grad(lambda a, b: jax.grad(lambda a, b: op(a, b).sum())(a, b).sum())(x, y))
+    if jax.__version_info__ >= (0, 12, 1):  # JAX's derivatives are finite there now
+        assert np.isfinite(np.asarray(fx.jvp(lambda v: fop(v, y), (x,), (dx,))[1])).all()
+
+
+def test_complex_abs_and_erf_inv_derivatives_follow_this_jax():
+    z = jnp.asarray([3 + 4j, np.inf + 2j, 1e30 + 1e30j, 0j, -2 - 1e-30j], jnp.complex64)
+    tz = jnp.asarray([1 + 0.5j, 1 + 0.5j, 1j, 1 + 1j, 2 + 0j], jnp.complex64)
+    got, want = fx.jvp(fx.lax.abs, (z,), (tz,)), jax.jvp(lax.abs, (z,), (tz,))
+    _same_bits(got[0], want[0])
+    _same_bits(got[1], want[1])
+    _same_bits(fx.grad(lambda z: fx.lax.abs(z).sum())(z), jax.grad(lambda z: lax.abs(z).sum())(z))
+    if jax.__version_info__ >= (0, 12, 1):  # hypot: +-1 and 0 at an infinite part, not NaN
+        assert np.asarray(got[1])[1] == 1.0
+    for dtype in (np.float32, jnp.bfloat16):
+        x = jnp.asarray([0.0, 0.3, -0.9, 0.9999, -0.999999], dtype)
+        _same_bits(fx.jvp(fx.lax.erf_inv, (x,), (jnp.ones_like(x),))[1],
+                   jax.jvp(lax.erf_inv, (x,), (jnp.ones_like(x),))[1])
+        _same_bits(fx.grad(lambda x: fx.grad(lambda x: fx.lax.erf_inv(x).sum())(x).sum())(x),
+                   jax.grad(lambda x: jax.grad(lambda x: lax.erf_inv(x).sum())(x).sum())(x))

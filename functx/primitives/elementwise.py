@@ -32,6 +32,7 @@ from .common import (
     defjvp_out,
     defprim,
     defzero_jvp,
+    full_like,
     instantiate,
     is_linear,
     jax_keeps_weak_type,
@@ -162,11 +163,79 @@ if hasattr(lax, "fma_p"):
 
 div_p = _binary("div", lax.div_p)
 div = _plain(div_p)
-defjvp(
+_div_jvp_squaring = defjvp(  # JAX's rule up to 0.12.0
     div_p,
     lambda t, x, y: div(t, y),
     lambda t, x, y: mul(mul(neg(t), x), integer_pow(y, -2)),
 )
+
+
+def _div_jvp(primals, tangents):
+    """d(x / y) = (dx - q dy) / y with q = x / y, as JAX writes it from 0.12.1
+    (NOTE [derivatives JAX made overflow-safe]): y is never squared."""
+    if _jax_squares("div"):
+        return _div_jvp_squaring(primals, tangents)
+    (x, y), (dx, dy) = primals, tangents
+    q = div(x, y)
+    if type(dy) is Zero:
+        return q, Zero.of(q) if type(dx) is Zero else div(dx, y)
+    if type(dx) is Zero:
+        return q, mul(q, neg(div(dy, y)))
+    return q, div(sub(dx, mul(q, dy)), y)
+
+
+jvp_rules[div_p] = _div_jvp
+
+
+# NOTE [derivatives JAX made overflow-safe]
+# JAX 0.12.1 rewrote the derivatives of div, atan2, complex abs and erf_inv
+# so that they no longer square or divide values that overflow or
+# underflow: d(x / y) no longer squares y (the old rule gave inf or 0 for
+# |y| below 1e-19 or above 2e19 in float32), atan2's and complex abs's go
+# through its `hypot` (a power-of-two rescaling, and +-1 / 0 at infinite
+# parts instead of NaN), erf_inv's through erfcx in its tails. functx follows
+# the JAX it runs on: each rule asks the installed JAX once whether its own
+# rule still has the old form (`_jax_squares`: the primitive JAX's jvp of a
+# probe emits), so that functx's derivatives equal JAX's, bit for bit, on
+# every release, and are finite wherever JAX's are. Where they take JAX's
+# helpers (`hypot`, a custom_jvp function, and `erf_inv_jvp_scale`), those
+# are lifted (`call_lifted`), so their higher derivatives are JAX's too.
+def _jax_div_probe(x, y, dx, dy):
+    return jax.jvp(lax.div, (x, y), (dx, dy))
+
+
+def _jax_atan2_probe(x, y, dx, dy):
+    return jax.jvp(lax.atan2, (x, y), (dx, dy))
+
+
+def _jax_abs_probe(x, y, dx, dy):
+    return jax.jvp(lambda a, b: lax.abs(lax.complex(a, b)), (x, y), (dx, dy))
+
+
+_OLD_FORM = {  # primitive -> (probe, a primitive only JAX's old rule emits)
+    "div": (_jax_div_probe, "integer_pow"),
+    "atan2": (_jax_atan2_probe, "square"),
+    "abs": (_jax_abs_probe, "div"),
+}
+
+
+@functools.cache
+def _jax_squares(name):
+    """Whether the installed JAX's jvp of `name` still has the form functx
+    wrote first (NOTE [derivatives JAX made overflow-safe])."""
+    probe, marker = _OLD_FORM[name]
+    spec = jax.ShapeDtypeStruct((4,), np.float32)
+    jaxpr = jax.make_jaxpr(probe)(spec, spec, spec, spec)
+    return any(e.primitive.name == marker for e in jaxpr.eqns)
+
+
+def _hypot(x, y):
+    """JAX's `hypot` (jax 0.12.1 on), lifted: (r, x / r, y / r)."""
+    from jax._src.lax import lax as jax_lax
+
+    from ..lifting import call_lifted
+
+    return call_lifted(jax_lax.hypot, (x, y), {}, replay=True)
 
 
 def _div_transpose(ct, x, y):
@@ -293,11 +362,36 @@ defjvp_out(
 
 atan2_p = _binary("atan2", lax.atan2_p)
 atan2 = _plain(atan2_p)
-defjvp(
+_atan2_jvp_squaring = defjvp(  # JAX's rule up to 0.12.0
     atan2_p,
     lambda t, x, y: mul(t, div(y, add(square(x), square(y)))),
     lambda t, x, y: mul(t, div(neg(x), add(square(x), square(y)))),
 )
+
+
+def _atan2_jvp(primals, tangents):
+    """From JAX 0.12.1 (NOTE [derivatives JAX made overflow-safe]): with
+    (r, u1, u2) = hypot(x, y), d atan2(x, y) = (u2 dx - u1 dy) / r for real
+    operands; complex ones as before, x^2 + y^2 computed once."""
+    if _jax_squares("atan2"):
+        return _atan2_jvp_squaring(primals, tangents)
+    (x, y), (dx, dy) = primals, tangents
+    out = atan2(x, y)
+    if type(dx) is Zero and type(dy) is Zero:
+        return out, Zero.of(out)
+    if is_complex_dtype(aval_of(x).dtype):
+        d = add(square(x), square(y))
+        tx = None if type(dx) is Zero else mul(dx, div(y, d))
+        ty = None if type(dy) is Zero else mul(dy, neg(div(x, d)))
+        return out, tx if ty is None else (ty if tx is None else add(tx, ty))
+    r, u1, u2 = _hypot(x, y)
+    tx = None if type(dx) is Zero else mul(u2, dx)
+    ty = None if type(dy) is Zero else neg(mul(u1, dy))
+    num = tx if ty is None else (ty if tx is None else add(tx, ty))
+    return out, div(num, r)
+
+
+jvp_rules[atan2_p] = _atan2_jvp
 
 nextafter_p = _binary("nextafter", lax.nextafter_p)
 # (its jvp is declared below, with no_derivative: nextafter(x, y) moves
@@ -336,7 +430,28 @@ def _complex_abs_probe(x):  # for jax_keeps_weak_type: JAX's complex abs jvp
     return jax.jvp(f, (x,), (x,))[1]
 
 
-defjvp_out(abs_p, _abs_jvp)
+_abs_jvp_dividing = defjvp_out(abs_p, _abs_jvp)  # complex: JAX's rule up to 0.12.0
+
+
+def _abs_jvp_hypot(primals, tangents):
+    """Complex |x| from JAX 0.12.1 (NOTE [derivatives JAX made
+    overflow-safe]): (r, u1, u2) = hypot(re x, im x) gives |x| = r and its
+    tangent u1 re(t) + u2 im(t) (0 at x == 0)."""
+    (x,), (t,) = primals, tangents
+    if not is_complex_dtype(aval_of(x).dtype) or _jax_squares("abs"):
+        return _abs_jvp_dividing(primals, tangents)
+    from .complex import imag, real
+
+    r, u1, u2 = _hypot(real(x), imag(x))
+    if type(t) is Zero:
+        return r, Zero.of(r)
+    at_zero = eq(r, scalar_like(r, 0))
+    u1 = select_n(at_zero, u1, full_like(u1, 0))
+    u2 = select_n(at_zero, u2, full_like(u2, 0))
+    return r, add(mul(u1, real(t)), mul(u2, imag(t)))
+
+
+jvp_rules[abs_p] = _abs_jvp_hypot
 
 sign_p = _unary("sign", lax.sign_p)
 sign = _plain(sign_p)
@@ -551,10 +666,30 @@ defjvp(
 )
 
 erf_inv_p = _unary("erf_inv", lax.erf_inv_p)
-defjvp_out(
-    erf_inv_p,
-    lambda t, out, x: mul(t, mul(scalar_like(x, math.sqrt(math.pi) / 2.0), exp(square(out)))),
-)
+try:  # JAX 0.12.1 on (NOTE [derivatives JAX made overflow-safe])
+    from jax._src.lax.erf import erf_inv_jvp_scale as _jax_erf_inv_scale
+except ImportError:
+    _jax_erf_inv_scale = None
+
+
+def _erf_inv_slope(x, z):
+    """JAX's d erfinv(x) / dx at z = erfinv(x), computed in float32 at least
+    (a JAX function, lifted)."""
+    if x.dtype not in (np.float32, np.float64):
+        f32 = lambda v: lax.convert_element_type(v, np.float32)  # noqa: E731
+        return lax.convert_element_type(_jax_erf_inv_scale(f32(x), f32(z)), x.dtype)
+    return _jax_erf_inv_scale(x, z)
+
+
+def _erf_inv_jvp(t, out, x):
+    if _jax_erf_inv_scale is None:  # up to 0.12.0: sqrt(pi) / 2 (t exp(z^2)), in JAX's order
+        return mul(scalar_like(x, math.sqrt(math.pi) / 2.0), mul(t, exp(square(out))))
+    from ..lifting import call_lifted
+
+    return _jnp_mul(t, call_lifted(_erf_inv_slope, (x, out), {}, replay=True))
+
+
+defjvp_out(erf_inv_p, _erf_inv_jvp)
 
 lgamma_p = _unary("lgamma", lax.lgamma_p)
 digamma_p = _unary("digamma", lax.digamma_p)
