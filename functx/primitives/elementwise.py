@@ -188,45 +188,55 @@ jvp_rules[div_p] = _div_jvp
 
 
 # NOTE [derivatives JAX made overflow-safe]
-# JAX 0.12.1 rewrote the derivatives of div, atan2, complex abs and erf_inv
-# so that they no longer square or divide values that overflow or
-# underflow: d(x / y) no longer squares y (the old rule gave inf or 0 for
-# |y| below 1e-19 or above 2e19 in float32), atan2's and complex abs's go
+# functx's derivative rules compute what the installed JAX's compute, in the
+# same order, so that derivatives equal JAX's bit for bit on every release
+# (tests/test_jax_versions.py checks jvp, grad and grad of grad of each).
+# JAX 0.12.1 rewrote several so that they no longer lose accuracy or
+# overflow: d(x / y) no longer squares y (the old rule gave inf or 0 for
+# float32 |y| below 1e-19 or above 2e19); atan2's and complex abs's go
 # through its `hypot` (a power-of-two rescaling, and +-1 / 0 at infinite
-# parts instead of NaN), erf_inv's through erfcx in its tails. functx follows
-# the JAX it runs on: each rule asks the installed JAX once whether its own
-# rule still has the old form (`_jax_squares`: the primitive JAX's jvp of a
-# probe emits), so that functx's derivatives equal JAX's, bit for bit, on
-# every release, and are finite wherever JAX's are. Where they take JAX's
-# helpers (`hypot`, a custom_jvp function, and `erf_inv_jvp_scale`), those
-# are lifted (`call_lifted`), so their higher derivatives are JAX's too.
-def _jax_div_probe(x, y, dx, dy):
-    return jax.jvp(lax.div, (x, y), (dx, dy))
+# parts instead of NaN); erf_inv's tails through erfcx; erf's and erfc's
+# exp(-x^2) with x^2 split exactly; asin, acos, atanh and tanh take
+# 1 - x^2 as its `one_minus_square` ((1 - x)(1 + x): no cancellation near
+# |x| = 1); acosh's no longer squares x; expm1's is exp(x). Each such rule
+# asks the installed JAX once which form it has (`_jax_jvp_emits`: whether
+# JAX's jvp of a probe emits a primitive only one form has, or whether
+# JAX has the helper), so that it is finite wherever JAX's is. JAX's
+# helpers (`hypot` and `exp_neg_sq`, custom_jvp functions, and
+# `erf_inv_jvp_scale`) are lifted (`call_lifted`), so their higher
+# derivatives are JAX's too. A JAX release that changes another rule
+# shows in that test, rather than as a silent difference.
+def _jvp_probe(op, arity):
+    def probe(*args):
+        return jax.jvp(op, args[:arity], args[arity:])
+
+    return probe
 
 
-def _jax_atan2_probe(x, y, dx, dy):
-    return jax.jvp(lax.atan2, (x, y), (dx, dy))
-
-
-def _jax_abs_probe(x, y, dx, dy):
-    return jax.jvp(lambda a, b: lax.abs(lax.complex(a, b)), (x, y), (dx, dy))
-
-
-_OLD_FORM = {  # primitive -> (probe, a primitive only JAX's old rule emits)
-    "div": (_jax_div_probe, "integer_pow"),
-    "atan2": (_jax_atan2_probe, "square"),
-    "abs": (_jax_abs_probe, "div"),
+_JVP_PROBES = {  # name -> JAX's jvp of a probe, on float32[4] operands and tangents
+    "div": _jvp_probe(lax.div, 2),
+    "atan2": _jvp_probe(lax.atan2, 2),
+    "abs": _jvp_probe(lambda a, b: lax.abs(lax.complex(a, b)), 2),  # complex abs
+    **{op: _jvp_probe(getattr(lax, op), 1) for op in ("tanh", "asin", "acos", "atanh", "acosh", "expm1")},
 }
 
 
 @functools.cache
-def _jax_squares(name):
-    """Whether the installed JAX's jvp of `name` still has the form functx
-    wrote first (NOTE [derivatives JAX made overflow-safe])."""
-    probe, marker = _OLD_FORM[name]
+def _jax_jvp_emits(name, primitive):
+    """Whether the installed JAX's jvp of `name` (`_JVP_PROBES`) emits
+    `primitive`: which form of a rule JAX has (NOTE [derivatives JAX made
+    overflow-safe])."""
+    probe = _JVP_PROBES[name]
     spec = jax.ShapeDtypeStruct((4,), np.float32)
-    jaxpr = jax.make_jaxpr(probe)(spec, spec, spec, spec)
-    return any(e.primitive.name == marker for e in jaxpr.eqns)
+    n = 2 if name in ("div", "atan2", "abs") else 1
+    jaxpr = jax.make_jaxpr(probe)(*[spec] * (2 * n))
+    return any(e.primitive.name == primitive for e in jaxpr.eqns)
+
+
+def _jax_squares(name):
+    """Whether JAX's rule for div, atan2 or complex abs still has the form
+    that overflows (squaring y, x^2 + y^2, dividing by |x|)."""
+    return _jax_jvp_emits(name, {"div": "integer_pow", "atan2": "square", "abs": "div"}[name])
 
 
 def _hypot(x, y):
@@ -478,7 +488,8 @@ exp = _acc(exp_p)
 defjvp_out(exp_p, lambda t, out, x, **p: mul(t, out))
 
 exp2_p = _unary("exp2", lax.exp2_p)
-defjvp_out(exp2_p, lambda t, out, x, **p: mul(t, mul(out, scalar_like(x, math.log(2.0)))))
+# log(2) computed by the log primitive, and t out multiplied first, as JAX
+defjvp_out(exp2_p, lambda t, out, x, **p: mul(log(scalar_like(x, 2)), mul(t, out)))
 
 log_p = _unary("log", lax.log_p)
 log = _acc(log_p)
@@ -497,6 +508,7 @@ if hasattr(lax, "log2_p"):
 
 if hasattr(lax, "one_minus_square_p"):
     one_minus_square_p = _unary("one_minus_square", lax.one_minus_square_p)
+    one_minus_square = _plain(one_minus_square_p)
     defjvp(one_minus_square_p, lambda t, x: mul(t, mul(scalar_like(x, -2), x)))
 
 if hasattr(lax, "polynomial_p"):
@@ -540,11 +552,17 @@ if hasattr(lax, "exp2m1_p"):  # jax 0.12.1+: 2^x - 1 and log2(1 + x), exact near
                                              scalar_like(x, math.log(2.0)))))
 
 expm1_p = _unary("expm1", lax.expm1_p)
-defjvp_out(expm1_p, lambda t, out, x, **p: mul(t, add(out, scalar_like(out, 1))))
+def _expm1_jvp(t, out, x, **p):
+    if _jax_jvp_emits("expm1", "add"):  # JAX up to 0.12.0: t (out + 1)
+        return mul(t, add(out, scalar_like(out, 1)))
+    return mul(t, exp(x))  # 0.12.1 on: exp(x), which out + 1 rounds
+
+
+defjvp_out(expm1_p, _expm1_jvp)
 
 sqrt_p = _unary("sqrt", lax.sqrt_p)
 sqrt = _acc(sqrt_p)
-defjvp_out(sqrt_p, lambda t, out, x, **p: div(t, mul(out, scalar_like(out, 2))))
+defjvp_out(sqrt_p, lambda t, out, x, **p: mul(t, div(scalar_like(x, 0.5), out)))  # as JAX
 
 rsqrt_p = _unary("rsqrt", lax.rsqrt_p)
 rsqrt = _acc(rsqrt_p)
@@ -580,10 +598,10 @@ tan_p = _unary("tan", lax.tan_p)
 defjvp_out(tan_p, lambda t, out, x, **p: mul(t, add(scalar_like(out, 1), square(out))))
 
 asin_p = _unary("asin", lax.asin_p)
-defjvp(asin_p, lambda t, x: mul(t, rsqrt(sub(scalar_like(x, 1), square(x)))))
+defjvp(asin_p, lambda t, x: mul(t, rsqrt(_one_minus_square_as_jax("asin", x))))
 
 acos_p = _unary("acos", lax.acos_p)
-defjvp(acos_p, lambda t, x: neg(mul(t, rsqrt(sub(scalar_like(x, 1), square(x))))))
+defjvp(acos_p, lambda t, x: neg(mul(t, rsqrt(_one_minus_square_as_jax("acos", x)))))
 
 atan_p = _unary("atan", lax.atan_p)
 defjvp(atan_p, lambda t, x: div(t, add(scalar_like(x, 1), square(x))))
@@ -635,34 +653,75 @@ defjvp(cosh_p, lambda t, x: mul(t, sinh(x)))
 
 tanh_p = _unary("tanh", lax.tanh_p)
 tanh = _acc(tanh_p)
-defjvp_out(tanh_p, lambda t, out, x, **p: mul(t, sub(scalar_like(out, 1), square(out))))
+def _tanh_jvp(t, out, x, **p):
+    if _jax_jvp_emits("tanh", "one_minus_square"):  # JAX 0.12.1 on: (1 - out)(1 + out), rounded once
+        return mul(t, one_minus_square(out))
+    return mul(add(t, mul(t, out)), sub(scalar_like(out, 1), out))  # up to 0.12.0: t (1 + out) (1 - out)
+
+
+defjvp_out(tanh_p, _tanh_jvp)
 
 asinh_p = _unary("asinh", lax.asinh_p)
 defjvp(asinh_p, lambda t, x: mul(t, rsqrt(add(square(x), scalar_like(x, 1)))))
 
 acosh_p = _unary("acosh", lax.acosh_p)
-defjvp(
-    acosh_p,
-    lambda t, x: mul(t, rsqrt(mul(sub(x, scalar_like(x, 1)), add(x, scalar_like(x, 1))))),
-)
+def _acosh_jvp(t, x):
+    one = scalar_like(x, 1)
+    if _jax_jvp_emits("acosh", "square"):  # JAX up to 0.12.0: x^2 - 1
+        return mul(t, rsqrt(sub(square(x), one)))
+    return mul(t, mul(rsqrt(sub(x, one)), rsqrt(add(x, one))))  # JAX 0.12.1 on
+
+
+defjvp(acosh_p, _acosh_jvp)
 
 atanh_p = _unary("atanh", lax.atanh_p)
-defjvp(atanh_p, lambda t, x: div(t, sub(scalar_like(x, 1), square(x))))
+defjvp(atanh_p, lambda t, x: _atanh_jvp(t, x))
+
+
+def _atanh_jvp(t, x):
+    if _jax_jvp_emits("atanh", "one_minus_square"):
+        return div(t, one_minus_square(x))
+    one = scalar_like(x, 1)  # JAX up to 0.12.0: 1 / (1 + x) (t / (1 - x))
+    return mul(integer_pow(add(one, x), -1), div(t, sub(one, x)))
+
+
+def _one_minus_square_as_jax(name, x):
+    """1 - x^2 in the rule of `name` as the installed JAX computes it: its
+    `one_minus_square` primitive from 0.12.1 on ((1 - x)(1 + x): exact
+    cancellation near |x| = 1, where 1 - x^2 loses up to half the digits),
+    else 1 - x^2 (NOTE [derivatives JAX made overflow-safe])."""
+    if _jax_jvp_emits(name, "one_minus_square"):
+        return one_minus_square(x)
+    return sub(scalar_like(x, 1), square(x))
 
 # --------------------------------------------------------------------------
 # Special functions
 
 erf_p = _unary("erf", lax.erf_p)
-defjvp(
+try:  # JAX 0.12.1 on: exp(-x^2) with x^2 split exactly (NOTE [derivatives JAX made overflow-safe])
+    from jax._src.lax.erf import exp_neg_sq as _jax_exp_neg_sq
+except ImportError:
+    _jax_exp_neg_sq = None
+
+
+def _exp_neg_sq(x):
+    """exp(-x^2) as the installed JAX's erf and erfc rules compute it."""
+    if _jax_exp_neg_sq is None:
+        return exp(neg(square(x)))
+    from ..lifting import call_lifted
+
+    return call_lifted(_jax_exp_neg_sq, (x,), {}, replay=True)
+
+
+defjvp(  # the constant times (t exp(-x^2)), in JAX's order
     erf_p,
-    lambda t, x: mul(t, mul(_rule_const(x, 2.0 / math.sqrt(math.pi), "erf"), exp(neg(square(x))))),
+    lambda t, x: mul(_rule_const(x, 2.0 / math.sqrt(math.pi), "erf"), mul(t, _exp_neg_sq(x))),
 )
 
 erfc_p = _unary("erfc", lax.erfc_p)  # (jax 0.12 gives it an `accuracy` parameter)
 defjvp(
     erfc_p,
-    lambda t, x, **p: mul(t, mul(_rule_const(x, -2.0 / math.sqrt(math.pi), "erfc"),
-                                 exp(neg(square(x))))),
+    lambda t, x, **p: mul(_rule_const(x, -2.0 / math.sqrt(math.pi), "erfc"), mul(t, _exp_neg_sq(x))),
 )
 
 erf_inv_p = _unary("erf_inv", lax.erf_inv_p)
@@ -811,7 +870,7 @@ def _bessel_i1e_jvp(t, out, x):
     tiny = le(abs(x), eps)
     safe_x = _where(tiny, eps, x)
     slope = sub(bind(bessel_i0e_p, safe_x),
-                mul(out, add(sign(safe_x), div(scalar_like(x, 1), safe_x))))
+                mul(out, add(sign(safe_x), integer_pow(safe_x, -1))))  # JAX's reciprocal
     return _jnp_mul(t, _where(tiny, scalar_like(x, 0.5), slope))
 
 
