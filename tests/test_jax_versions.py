@@ -369,6 +369,9 @@ _RULES = {  # name -> (arity, operand range): derivatives whose formula differs 
     "acosh": (1, (1.0001, 3.0)),
     **{n: (2, (0.2, 2.5)) for n in ("div", "atan2", "pow", "rem", "max", "min", "mul", "sub")},
 }
+if hasattr(lax, "asinpi"):  # jax 0.12.1 on: trigonometry in half turns
+    _RULES.update({n: (1, (-0.999, 0.999)) for n in ("sinpi", "cospi", "tanpi", "asinpi", "acospi")})
+    _RULES.update({"atanpi": (1, (-3.0, 3.0)), "atan2pi": (2, (0.2, 2.5))})
 
 
 @pytest.mark.parametrize("name", sorted(_RULES))

@@ -522,17 +522,18 @@ if hasattr(lax, "polynomial_p"):
         return bind(polynomial_p, x, *coeffs, **params)
 
     def _polynomial_jvp(primals, tangents, **params):
+        """As JAX: d/dx the derivative polynomial times dx; d/dc the
+        polynomial of the coefficients' tangents (zeros where none),
+        linear in them (`_polynomial_transpose`)."""
         x, *coeffs = primals
         out = bind(polynomial_p, *primals, **params)
-        # d/dx: the derivative polynomial; d/dc_k: x^k (linear in the
-        # coefficients' tangents, so reverse mode transposes mul, not this)
         terms = []
         if type(tangents[0]) is not Zero:
             slopes = [mul(scalar_like(c, k), c) for k, c in enumerate(coeffs[1:], 1)]
             terms.append(mul(tangents[0], _polynomial(x, slopes, **params)))
-        for k, t in enumerate(tangents[1:]):
-            if type(t) is not Zero:
-                terms.append(t if k == 0 else mul(t, integer_pow(x, k)))
+        if any(type(t) is not Zero for t in tangents[1:]):
+            terms.append(_polynomial(x, [full_like(c, 0) if type(t) is Zero else t
+                                         for c, t in zip(coeffs, tangents[1:])], **params))
         if not terms:
             return out, Zero.of(out)
         shape = aval_of(out).shape
@@ -541,6 +542,18 @@ if hasattr(lax, "polynomial_p"):
             total = add_any(total, broadcast_to_shape(term, shape))
         return out, total
 
+    def _polynomial_transpose(ct, x, *coeffs, **params):
+        """Linear in the coefficients (x fixed): c_k's cotangent is ct x^k,
+        by repeated products, as JAX."""
+        assert not is_linear(x), "polynomial is linear in its coefficients only"
+        ct_bars, xk_ct = [], ct
+        for k, c in enumerate(coeffs):
+            ct_bars.append(unbroadcast(xk_ct, c.aval) if is_linear(c) else None)
+            if k + 1 < len(coeffs):
+                xk_ct = mul(xk_ct, x)
+        return [None] + ct_bars
+
+    transpose_rules[polynomial_p] = _polynomial_transpose
     jvp_rules[polynomial_p] = _polynomial_jvp
 
 if hasattr(lax, "exp2m1_p"):  # jax 0.12.1+: 2^x - 1 and log2(1 + x), exact near 0
@@ -616,8 +629,8 @@ if hasattr(lax, "sinpi_p"):
     def _over_pi(x, value):
         return mul(value, scalar_like(x, 1 / math.pi))
 
-    def _inverse_slope(x):  # 1 / (pi sqrt(1 - x^2))
-        return _over_pi(x, rsqrt(sub(scalar_like(x, 1), square(x))))
+    def _inverse_slope(x):  # 1 / (pi sqrt((1 - x)(1 + x))), as JAX
+        return _over_pi(x, rsqrt(one_minus_square(x)))
 
     sinpi_p = _unary("sinpi", lax.sinpi_p)
     cospi_p = _unary("cospi", lax.cospi_p)
@@ -631,18 +644,26 @@ if hasattr(lax, "sinpi_p"):
     atanpi_p = _unary("atanpi", lax.atanpi_p)
     defjvp(asinpi_p, lambda t, x: _jnp_mul(t, _inverse_slope(x)))
     defjvp(acospi_p, lambda t, x: neg(_jnp_mul(t, _inverse_slope(x))))
-    defjvp(atanpi_p, lambda t, x: _jnp_mul(t, _over_pi(x, div(scalar_like(x, 1), add(
-        scalar_like(x, 1), square(x))))))
+
+    def _atanpi_jvp(t, x):  # with (r, _, u2) = hypot(x, 1): u2 t / pi / r, as JAX
+        r, _, u2 = _hypot(x, full_like(x, 1.0))
+        return _jnp_div(_over_pi(x, _jnp_mul(u2, t)), r)
+
+    defjvp(atanpi_p, _atanpi_jvp)
     atan2pi_p = _binary("atan2pi", lax.atan2pi_p)
 
-    def _atan2pi_slope(x, y, numerator):  # numerator / (pi (x^2 + y^2))
-        return div(_over_pi(x, numerator), add(square(x), square(y)))
+    def _atan2pi_jvp(primals, tangents):  # (u2 dx - u1 dy) / pi / r, as JAX
+        (x, y), (dx, dy) = primals, tangents
+        out = bind(atan2pi_p, x, y)
+        if type(dx) is Zero and type(dy) is Zero:
+            return out, Zero.of(out)
+        r, u1, u2 = _hypot(x, y)
+        tx = None if type(dx) is Zero else _jnp_mul(u2, dx)
+        ty = None if type(dy) is Zero else neg(_jnp_mul(u1, dy))
+        num = tx if ty is None else (ty if tx is None else add(tx, ty))
+        return out, _jnp_div(_over_pi(x, num), r)
 
-    defjvp(
-        atan2pi_p,
-        lambda t, x, y: _jnp_mul(t, _atan2pi_slope(x, y, y)),
-        lambda t, x, y: _jnp_mul(t, _atan2pi_slope(x, y, neg(x))),
-    )
+    jvp_rules[atan2pi_p] = _atan2pi_jvp
 
 sinh_p = _unary("sinh", lax.sinh_p)
 sinh = _plain(sinh_p)
@@ -770,6 +791,16 @@ def _jnp_mul(t, v):
     elif va.weak_type and not ta.weak_type:
         v = convert_element_type(v, va.dtype)
     return mul(t, v)
+
+
+def _jnp_div(t, v):
+    """`t / v` as jnp's `/` computes it (as `_jnp_mul`)."""
+    ta, va = aval_of(t), aval_of(v)
+    if ta.weak_type and not va.weak_type:
+        t = convert_element_type(t, ta.dtype)
+    elif va.weak_type and not ta.weak_type:
+        v = convert_element_type(v, va.dtype)
+    return div(t, v)
 
 
 def no_derivative(name, arg, hint=""):
