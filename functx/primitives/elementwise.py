@@ -239,6 +239,12 @@ def _jax_squares(name):
     return _jax_jvp_emits(name, {"div": "integer_pow", "atan2": "square", "abs": "div"}[name])
 
 
+def _add_terms(a, b):
+    """The sum of two tangent terms, either of them None (zero), as JAX's
+    `add_tangents`."""
+    return b if a is None else (a if b is None else add(a, b))
+
+
 def _hypot(x, y):
     """JAX's `hypot` (jax 0.12.1 on), lifted: (r, x / r, y / r)."""
     from jax._src.lax import lax as jax_lax
@@ -393,12 +399,11 @@ def _atan2_jvp(primals, tangents):
         d = add(square(x), square(y))
         tx = None if type(dx) is Zero else mul(dx, div(y, d))
         ty = None if type(dy) is Zero else mul(dy, neg(div(x, d)))
-        return out, tx if ty is None else (ty if tx is None else add(tx, ty))
+        return out, _add_terms(tx, ty)
     r, u1, u2 = _hypot(x, y)
     tx = None if type(dx) is Zero else mul(u2, dx)
     ty = None if type(dy) is Zero else neg(mul(u1, dy))
-    num = tx if ty is None else (ty if tx is None else add(tx, ty))
-    return out, div(num, r)
+    return out, div(_add_terms(tx, ty), r)
 
 
 jvp_rules[atan2_p] = _atan2_jvp
@@ -660,8 +665,7 @@ if hasattr(lax, "sinpi_p"):
         r, u1, u2 = _hypot(x, y)
         tx = None if type(dx) is Zero else _jnp_mul(u2, dx)
         ty = None if type(dy) is Zero else neg(_jnp_mul(u1, dy))
-        num = tx if ty is None else (ty if tx is None else add(tx, ty))
-        return out, _jnp_div(_over_pi(x, num), r)
+        return out, _jnp_div(_over_pi(x, _add_terms(tx, ty)), r)
 
     jvp_rules[atan2pi_p] = _atan2pi_jvp
 
