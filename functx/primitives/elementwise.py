@@ -784,27 +784,28 @@ polygamma_p = _binary("polygamma", lax.polygamma_p)
 polygamma = _plain(polygamma_p)
 
 
-def _jnp_mul(t, v):
-    """`t * v` as jnp's `*` computes it, with which JAX writes the rules of
-    the special functions: an operand weakly typed where the other is not
-    is cast to strong first, so the cotangent of a weak `t` comes back weak
-    through that cast's transpose (NOTE [weak types in rules])."""
+def _jnp_promote(t, v):
+    """`t` and `v` as jnp's arithmetic operators hand them to lax: an
+    operand weakly typed where the other is not is cast to strong first, so
+    the cotangent of a weak `t` comes back weak through that cast's
+    transpose (NOTE [weak types in rules])."""
     ta, va = aval_of(t), aval_of(v)
     if ta.weak_type and not va.weak_type:
         t = convert_element_type(t, ta.dtype)
     elif va.weak_type and not ta.weak_type:
         v = convert_element_type(v, va.dtype)
-    return mul(t, v)
+    return t, v
+
+
+def _jnp_mul(t, v):
+    """`t * v` as jnp's `*` computes it, with which JAX writes the rules of
+    the special functions."""
+    return mul(*_jnp_promote(t, v))
 
 
 def _jnp_div(t, v):
-    """`t / v` as jnp's `/` computes it (as `_jnp_mul`)."""
-    ta, va = aval_of(t), aval_of(v)
-    if ta.weak_type and not va.weak_type:
-        t = convert_element_type(t, ta.dtype)
-    elif va.weak_type and not ta.weak_type:
-        v = convert_element_type(v, va.dtype)
-    return div(t, v)
+    """`t / v` as jnp's `/` computes it."""
+    return div(*_jnp_promote(t, v))
 
 
 def no_derivative(name, arg, hint=""):
