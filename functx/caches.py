@@ -481,9 +481,9 @@ def _calls_running():
 # left alone it lands in the first call (40-80 ms of the rejit first call
 # in benchmarks/first_calls.py); so when it is, the import starts a thread
 # that runs it in the quiet before that call (between a notebook's cells,
-# or while a script builds its inputs) and then ends. Off where the collector is disabled or its third threshold is 0,
-# and on Python 3.14 and later, whose incremental collector does not pause
-# for the whole heap.
+# or while a script builds its inputs) and then ends. Off where the
+# collector is disabled or its third threshold is 0, and on Python 3.14 and
+# later, whose incremental collector does not pause for the whole heap.
 class _IdleCollection:
     QUIET_S = 0.03
     POLL_S = 0.25

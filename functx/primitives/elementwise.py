@@ -173,7 +173,7 @@ _div_jvp_squaring = defjvp(  # JAX's rule up to 0.12.0
 def _div_jvp(primals, tangents):
     """d(x / y) = (dx - q dy) / y with q = x / y, as JAX writes it from 0.12.1
     (NOTE [derivatives JAX made overflow-safe]): y is never squared."""
-    if _jax_squares("div"):
+    if _jax_jvp_emits("div", "integer_pow"):  # JAX up to 0.12.0: y^-2
         return _div_jvp_squaring(primals, tangents)
     (x, y), (dx, dy) = primals, tangents
     q = div(x, y)
@@ -231,12 +231,6 @@ def _jax_jvp_emits(name, primitive):
     n = 2 if name in ("div", "atan2", "abs") else 1
     jaxpr = jax.make_jaxpr(probe)(*[spec] * (2 * n))
     return any(e.primitive.name == primitive for e in jaxpr.eqns)
-
-
-def _jax_squares(name):
-    """Whether JAX's rule for div, atan2 or complex abs still has the form
-    that overflows (squaring y, x^2 + y^2, dividing by |x|)."""
-    return _jax_jvp_emits(name, {"div": "integer_pow", "atan2": "square", "abs": "div"}[name])
 
 
 def _add_terms(a, b):
@@ -389,7 +383,7 @@ def _atan2_jvp(primals, tangents):
     """From JAX 0.12.1 (NOTE [derivatives JAX made overflow-safe]): with
     (r, u1, u2) = hypot(x, y), d atan2(x, y) = (u2 dx - u1 dy) / r for real
     operands; complex ones as before, x^2 + y^2 computed once."""
-    if _jax_squares("atan2"):
+    if _jax_jvp_emits("atan2", "square"):  # JAX up to 0.12.0: x^2 + y^2
         return _atan2_jvp_squaring(primals, tangents)
     (x, y), (dx, dy) = primals, tangents
     out = atan2(x, y)
@@ -453,7 +447,7 @@ def _abs_jvp_hypot(primals, tangents):
     overflow-safe]): (r, u1, u2) = hypot(re x, im x) gives |x| = r and its
     tangent u1 re(t) + u2 im(t) (0 at x == 0)."""
     (x,), (t,) = primals, tangents
-    if not is_complex_dtype(aval_of(x).dtype) or _jax_squares("abs"):
+    if not is_complex_dtype(aval_of(x).dtype) or _jax_jvp_emits("abs", "div"):  # x / |x|
         return _abs_jvp_dividing(primals, tangents)
     from .complex import imag, real
 
@@ -570,6 +564,8 @@ if hasattr(lax, "exp2m1_p"):  # jax 0.12.1+: 2^x - 1 and log2(1 + x), exact near
                                              scalar_like(x, math.log(2.0)))))
 
 expm1_p = _unary("expm1", lax.expm1_p)
+
+
 def _expm1_jvp(t, out, x, **p):
     if _jax_jvp_emits("expm1", "add"):  # JAX up to 0.12.0: t (out + 1)
         return mul(t, add(out, scalar_like(out, 1)))
@@ -678,6 +674,8 @@ defjvp(cosh_p, lambda t, x: mul(t, sinh(x)))
 
 tanh_p = _unary("tanh", lax.tanh_p)
 tanh = _acc(tanh_p)
+
+
 def _tanh_jvp(t, out, x, **p):
     if _jax_jvp_emits("tanh", "one_minus_square"):  # JAX 0.12.1 on: (1 - out)(1 + out), rounded once
         return mul(t, one_minus_square(out))
@@ -690,6 +688,8 @@ asinh_p = _unary("asinh", lax.asinh_p)
 defjvp(asinh_p, lambda t, x: mul(t, rsqrt(add(square(x), scalar_like(x, 1)))))
 
 acosh_p = _unary("acosh", lax.acosh_p)
+
+
 def _acosh_jvp(t, x):
     one = scalar_like(x, 1)
     if _jax_jvp_emits("acosh", "square"):  # JAX up to 0.12.0: x^2 - 1
@@ -700,7 +700,6 @@ def _acosh_jvp(t, x):
 defjvp(acosh_p, _acosh_jvp)
 
 atanh_p = _unary("atanh", lax.atanh_p)
-defjvp(atanh_p, lambda t, x: _atanh_jvp(t, x))
 
 
 def _atanh_jvp(t, x):
@@ -708,6 +707,9 @@ def _atanh_jvp(t, x):
         return div(t, one_minus_square(x))
     one = scalar_like(x, 1)  # JAX up to 0.12.0: 1 / (1 + x) (t / (1 - x))
     return mul(integer_pow(add(one, x), -1), div(t, sub(one, x)))
+
+
+defjvp(atanh_p, _atanh_jvp)
 
 
 def _one_minus_square_as_jax(name, x):
