@@ -24,8 +24,11 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   and its XLA compilation to one background thread (`BACKGROUND`; XLA
   compiles without holding the GIL, staging takes turns with the caller;
   while it has work the interpreter's switch interval is shortened so the
-  caller gets the GIL back quickly: `SWITCH_INTERVAL`; and it starts a job
-  only while no call is in progress, or after waiting `MAX_WAIT`).
+  caller gets the GIL back quickly: `SWITCH_INTERVAL`; it starts a job
+  only while no call is in progress, or after waiting `MAX_WAIT`; and while
+  a call is in progress its Python yields the GIL every `SLICE_S`, so that
+  a lowering spreads over several calls rather than stalling one:
+  `YIELD_S`).
   Builds that only stage (fused and batched steps, staged backward passes
   and the graphs derived from them) run before XLA compilations (queue
   programs, compiled backward passes): they change which programs the calls
@@ -371,6 +374,47 @@ SWITCH_INTERVAL = 0.0005
 _outstanding = 0
 _saved_interval = None
 
+# A shorter interval is not enough: while a call runs, the compile thread's
+# Python still took most of the GIL (each time the caller released it for a
+# dispatch, the compile thread held it until the next switch), and a 10 ms
+# lowering made a 2.5 ms MLP call take 15-24 ms in a tight loop. So, while
+# another thread is inside a transform, the compile thread's own Python
+# yields: a trace function (called at each Python function call it makes)
+# sleeps `YIELD_S` once `SLICE_S` of running has passed, and the caller
+# keeps at least two thirds of the time. A long call into C (XLA's compile,
+# which releases the GIL; a few MLIR calls, which do not) is not cut. A
+# sleep holds no lock of functx's, and a lock of JAX's held across one only
+# delays its waiter by the sleep, as a switch of the GIL would. Not done
+# where a tracer is already set on the thread (a debugger, coverage).
+# XLA's compile itself runs on XLA's own threads and still shares the cores
+# with the caller (measured, not changed: a lower scheduling priority for
+# the compile thread, which XLA's threads do not inherit).
+SLICE_S = 0.0005
+YIELD_S = 0.001
+yields = 0  # sleeps taken by the compile thread so far
+
+
+def _yielding():
+    """The trace function of the compile thread while it runs a job."""
+    from .core import busy
+
+    slice_start = time.perf_counter()
+    perf_counter, sleep = time.perf_counter, time.sleep
+
+    def trace(frame, event, arg):
+        global yields
+        nonlocal slice_start
+        n = len(busy)
+        if n and (n > 1 or compile_thread not in busy):
+            now = perf_counter()
+            if now - slice_start > SLICE_S:
+                yields += 1
+                sleep(YIELD_S)
+                slice_start = perf_counter()
+        return None
+
+    return trace
+
 
 class _CompileThread:
     """The one background thread: runs submitted jobs by priority (lower
@@ -613,10 +657,15 @@ def wait_for_idle():
 
 def _counted(compile_fn):
     global _outstanding, _saved_interval
+    trace = sys.gettrace() is None and _yielding()
     try:
         wait_for_idle()
+        if trace:
+            sys.settrace(trace)
         return compile_fn()
     finally:
+        if trace:
+            sys.settrace(None)
         with _executor_lock:
             _outstanding -= 1
             if _outstanding == 0 and _saved_interval is not None:

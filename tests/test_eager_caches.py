@@ -668,6 +668,35 @@ def test_a_near_full_collection_runs_on_the_compile_thread_between_calls(monkeyp
         gc.callbacks.remove(observe)
 
 
+def test_the_compile_thread_yields_its_python_while_a_call_runs(monkeypatch):
+    """NOTE [bounded caches]: while another thread is inside a transform, the
+    compile thread's own Python (staging, JAX's lowering) sleeps every
+    `SLICE_S`, so a call in a tight loop is not stalled for a whole lowering;
+    with no call running it does not."""
+    from functx import core
+
+    def spin(seconds):  # Python work, as a lowering is: many small calls
+        def step(i):
+            return i + 1
+
+        deadline, i = time.perf_counter() + seconds, 0
+        while time.perf_counter() < deadline:
+            i = step(i)
+        return caches.yields
+
+    caches.submit(lambda: None).result()  # the compile thread is running
+    before = caches.yields
+    assert caches.submit(lambda: spin(0.05)).result() == before  # nobody to yield to
+    monkeypatch.setitem(core.busy, -1, 1)  # a call in progress on another thread
+    t0 = time.perf_counter()
+    during = caches.submit(lambda: spin(0.05)).result()
+    # at least one sleep per `SLICE_S + YIELD_S` of the job's 50 ms
+    assert during - before >= 0.05 / (caches.SLICE_S + caches.YIELD_S) / 2
+    assert time.perf_counter() - t0 >= 0.05
+    del core.busy[-1]
+    assert sys.gettrace() is None  # the trace function was the compile thread's alone
+
+
 _OVERDUE_AT_IMPORT = """
 import gc, sys, threading, time
 import jax
