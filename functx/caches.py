@@ -383,8 +383,9 @@ _saved_interval = None
 # sleeps `YIELD_S` once `SLICE_S` of running has passed, and the caller
 # keeps at least two thirds of the time. A long call into C (XLA's compile,
 # which releases the GIL; a few MLIR calls, which do not) is not cut. A
-# sleep holds no lock of functx's, and a lock of JAX's held across one only
-# delays its waiter by the sleep, as a switch of the GIL would. Not done
+# sleep waits for nothing, so it cannot deadlock: a lock the thread holds
+# across one (functx.jit's cache, one of JAX's) only delays a waiter by the
+# sleep, as a switch of the GIL would. Not done
 # where a tracer is already set on the thread (a debugger, coverage).
 # XLA's compile itself runs on XLA's own threads and still shares the cores
 # with the caller (measured, not changed: a lower scheduling priority for
