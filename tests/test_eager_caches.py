@@ -670,29 +670,31 @@ def test_a_near_full_collection_runs_on_the_compile_thread_between_calls(monkeyp
 
 def test_the_compile_thread_yields_its_python_while_a_call_runs(monkeypatch):
     """NOTE [bounded caches]: while another thread is inside a transform, the
-    compile thread's own Python (staging, JAX's lowering) sleeps every
-    `SLICE_S`, so a call in a tight loop is not stalled for a whole lowering;
-    with no call running it does not."""
+    compile thread's own Python (staging, JAX's lowering) sleeps after every
+    `SLICE_S` of running, so a call in a tight loop is not stalled for a
+    whole lowering; with no call running it never does."""
     from functx import core
 
-    def spin(seconds):  # Python work, as a lowering is: many small calls
-        def step(i):
-            return i + 1
+    def step(i):
+        return i + 1
 
-        deadline, i = time.perf_counter() + seconds, 0
-        while time.perf_counter() < deadline:
+    def spin_calls(n):  # Python work, as a lowering is: many small calls
+        i = 0
+        for _ in range(n):
             i = step(i)
         return caches.yields
 
+    def spin_until_yields(k, seconds=10.0):
+        start, deadline, i = caches.yields, time.perf_counter() + seconds, 0
+        while caches.yields - start < k and time.perf_counter() < deadline:
+            i = step(i)
+        return caches.yields - start
+
     caches.submit(lambda: None).result()  # the compile thread is running
     before = caches.yields
-    assert caches.submit(lambda: spin(0.05)).result() == before  # nobody to yield to
+    assert caches.submit(lambda: spin_calls(200_000)).result() == before  # nobody to yield to
     monkeypatch.setitem(core.busy, -1, 1)  # a call in progress on another thread
-    t0 = time.perf_counter()
-    during = caches.submit(lambda: spin(0.05)).result()
-    # at least one sleep per `SLICE_S + YIELD_S` of the job's 50 ms
-    assert during - before >= 0.05 / (caches.SLICE_S + caches.YIELD_S) / 2
-    assert time.perf_counter() - t0 >= 0.05
+    assert caches.submit(lambda: spin_until_yields(5)).result() >= 5
     del core.busy[-1]
     assert sys.gettrace() is None  # the trace function was the compile thread's alone
 
