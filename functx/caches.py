@@ -375,21 +375,20 @@ _outstanding = 0
 _saved_interval = None
 
 # A shorter interval is not enough: while a call runs, the compile thread's
-# Python still took most of the GIL (each time the caller released it for a
-# dispatch, the compile thread held it until the next switch), and a 10 ms
-# lowering made a 2.5 ms MLP call take 15-24 ms in a tight loop. So, while
-# another thread is inside a transform, the compile thread's own Python
-# yields: a trace function (called at each Python function call it makes)
-# sleeps `YIELD_S` once `SLICE_S` of running has passed, and the caller
-# keeps at least two thirds of the time. A long call into C (XLA's compile,
-# which releases the GIL; a few MLIR calls, which do not) is not cut. A
-# sleep waits for nothing, so it cannot deadlock: a lock the thread holds
-# across one (functx.jit's cache, one of JAX's) only delays a waiter by the
-# sleep, as a switch of the GIL would. Not done
-# where a tracer is already set on the thread (a debugger, coverage).
-# XLA's compile itself runs on XLA's own threads and still shares the cores
-# with the caller (measured, not changed: a lower scheduling priority for
-# the compile thread, which XLA's threads do not inherit).
+# Python still took most of the GIL (measured: a 10 ms lowering made a 2.5 ms
+# MLP call take 15-24 ms in a tight loop, with the interval at 0.5 ms or
+# 0.2 ms). So, while another thread is inside a transform, the compile
+# thread's own Python yields: a trace function (called at each Python
+# function call it makes) sleeps `YIELD_S` once `SLICE_S` of running has
+# passed, and the caller keeps at least two thirds of the time. A long call
+# into C (XLA's compile, which releases the GIL; a few MLIR calls, which do
+# not) is not cut. A sleep waits for nothing, so it cannot deadlock: a lock
+# the thread holds across one (functx.jit's cache, one of JAX's) only delays
+# a waiter by the sleep, as a switch of the GIL would. Not done where a
+# tracer is already set on the thread (a debugger, coverage). XLA's compile
+# itself runs on XLA's own threads and still shares the cores with the
+# caller (benchmarks/RESULTS.md: a lower scheduling priority for the compile
+# thread changed nothing, XLA's threads do not inherit it).
 SLICE_S = 0.0005
 YIELD_S = 0.001
 yields = 0  # sleeps taken by the compile thread so far
