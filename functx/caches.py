@@ -28,7 +28,7 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   only while no call is in progress, or after waiting `MAX_WAIT`; and while
   a call is in progress its Python yields the GIL every `SLICE_S`, so that
   a lowering spreads over several calls rather than stalling one:
-  `YIELD_S`).
+  `YIELD_S`, up to Python 3.11).
   Builds that only stage (fused and batched steps, staged backward passes
   and the graphs derived from them) run before XLA compilations (queue
   programs, compiled backward passes): they change which programs the calls
@@ -385,12 +385,17 @@ _saved_interval = None
 # not) is not cut. A sleep waits for nothing, so it cannot deadlock: a lock
 # the thread holds across one (functx.jit's cache, one of JAX's) only delays
 # a waiter by the sleep, as a switch of the GIL would. Not done where a
-# tracer is already set on the thread (a debugger, coverage). XLA's compile
-# itself runs on XLA's own threads and still shares the cores with the
-# caller (benchmarks/RESULTS.md: a lower scheduling priority for the compile
-# thread changed nothing, XLA's threads do not inherit it).
+# tracer is already set on the thread (a debugger, coverage), and not from
+# Python 3.12 on (`YIELDS`), where a trace function set in any thread makes
+# the interpreter instrument the code every thread runs: a Python loop on
+# the calling thread ran 2.0x slower (3.13) while another thread merely had
+# one set (3.11: no change). XLA's compile itself runs on XLA's own
+# threads and still shares the cores with the caller (benchmarks/RESULTS.md:
+# a lower scheduling priority for the compile thread changed nothing, XLA's
+# threads do not inherit it).
 SLICE_S = 0.0005
 YIELD_S = 0.001
+YIELDS = sys.version_info < (3, 12)
 yields = 0  # sleeps taken by the compile thread so far
 
 
@@ -657,7 +662,7 @@ def wait_for_idle():
 
 def _counted(compile_fn):
     global _outstanding, _saved_interval
-    trace = sys.gettrace() is None and _yielding()
+    trace = YIELDS and sys.gettrace() is None and _yielding()
     try:
         wait_for_idle()
         if trace:
