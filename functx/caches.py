@@ -28,7 +28,7 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   only while no call is in progress, or after waiting `MAX_WAIT`; and while
   a call is in progress its Python yields the GIL every `SLICE_S`, so that
   a lowering spreads over several calls rather than stalling one:
-  `YIELD_S`, up to Python 3.11).
+  `YIELD_S`).
   Builds that only stage (fused and batched steps, staged backward passes
   and the graphs derived from them) run before XLA compilations (queue
   programs, compiled backward passes): they change which programs the calls
@@ -385,40 +385,107 @@ _saved_interval = None
 # not) is not cut. A sleep waits for nothing, so it cannot deadlock: a lock
 # the thread holds across one (functx.jit's cache, one of JAX's) only delays
 # a waiter by the sleep, as a switch of the GIL would. Not done where a
-# tracer is already set on the thread (a debugger, coverage), and not from
-# Python 3.12 on (`YIELDS`), where a trace function set in any thread makes
-# the interpreter instrument the code every thread runs: a Python loop on
-# the calling thread ran 2.0x slower (3.13) while another thread merely had
-# one set (3.11: no change). XLA's compile itself runs on XLA's own
-# threads and still shares the cores with the caller (benchmarks/RESULTS.md:
-# a lower scheduling priority for the compile thread changed nothing, XLA's
+# tracer is already set on the thread (a debugger, coverage). From Python
+# 3.12 on (`YIELD_BY_TRACE` false) a trace function set in any thread makes
+# the interpreter instrument the code every thread runs (a Python loop on
+# the calling thread ran 2.0x slower on 3.13 while another thread merely
+# had one set; 3.11: no change), so there the yields come from
+# `sys.monitoring` events on a few functions instead
+# (`_monitor_per_equation`). XLA's compile itself runs on XLA's own threads
+# and still shares the cores with the caller (benchmarks/RESULTS.md: a
+# lower scheduling priority for the compile thread changed nothing, XLA's
 # threads do not inherit it).
 SLICE_S = 0.0005
 YIELD_S = 0.001
-YIELDS = sys.version_info < (3, 12)
+YIELD_BY_TRACE = sys.version_info < (3, 12)
 yields = 0  # sleeps taken by the compile thread so far
+_slice_start = 0.0
+
+
+def _maybe_yield():
+    """On the compile thread, while another thread is inside a transform:
+    sleep `YIELD_S` once `SLICE_S` has passed since the last sleep."""
+    global yields, _slice_start
+    from .core import busy
+
+    n = len(busy)
+    if n and (n > 1 or compile_thread not in busy):
+        now = time.perf_counter()
+        if now - _slice_start > SLICE_S:
+            yields += 1
+            time.sleep(YIELD_S)
+            _slice_start = time.perf_counter()
 
 
 def _yielding():
     """The trace function of the compile thread while it runs a job."""
-    from .core import busy
-
-    slice_start = time.perf_counter()
-    perf_counter, sleep = time.perf_counter, time.sleep
+    maybe_yield = _maybe_yield
 
     def trace(frame, event, arg):
-        global yields
-        nonlocal slice_start
-        n = len(busy)
-        if n and (n > 1 or compile_thread not in busy):
-            now = perf_counter()
-            if now - slice_start > SLICE_S:
-                yields += 1
-                sleep(YIELD_S)
-                slice_start = perf_counter()
+        maybe_yield()
         return None
 
     return trace
+
+
+# From Python 3.12 on: `sys.monitoring` events on the functions that JAX's
+# lowering and tracing, and functx's staging, call once per equation (only
+# those code objects are instrumented, so every other function runs as
+# before on every thread); the callback yields on the compile thread and
+# returns at once on any other. A monitoring tool id is taken only if one
+# is free (debuggers, coverage and profilers use theirs).
+_PER_EQUATION = (
+    ("jax._src.interpreters.mlir", ("lower_per_platform", "jaxpr_subcomp")),
+    ("jax._src.interpreters.partial_eval", ("DynamicJaxprTrace.default_process_primitive",)),
+    ("functx.interpreters.staging", ("eval_graph",)),
+)
+_monitoring = None  # the tool id, once taken
+
+
+def _monitor_per_equation():
+    """Start the per-equation events (Python 3.12 on); returns whether
+    they run."""
+    global _monitoring
+    mon = getattr(sys, "monitoring", None)
+    if mon is None:
+        return False
+    if _monitoring is not None:
+        return True
+    tool = next((i for i in (4, 3) if mon.get_tool(i) is None), None)
+    if tool is None:
+        return False
+    import importlib
+
+    codes = []
+    for module, names in _PER_EQUATION:
+        try:
+            obj = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in names:
+            fn = obj
+            for part in name.split("."):
+                fn = getattr(fn, part, None)
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                codes.append(code)
+    if not codes:
+        return False
+    me = threading.get_ident()
+
+    def on_start(code, offset):
+        if threading.get_ident() == me:
+            try:
+                _maybe_yield()
+            except Exception:  # noqa: BLE001 - never into JAX's lowering (interpreter exit)
+                pass
+
+    mon.use_tool_id(tool, "functx compile thread")
+    mon.register_callback(tool, mon.events.PY_START, on_start)
+    for code in codes:
+        mon.set_local_events(tool, code, mon.events.PY_START)
+    _monitoring = tool
+    return True
 
 
 class _CompileThread:
@@ -467,6 +534,11 @@ class _CompileThread:
     def _run(self):
         global compile_thread
         compile_thread = threading.get_ident()
+        if not YIELD_BY_TRACE:
+            try:
+                _monitor_per_equation()
+            except Exception:  # noqa: BLE001 - only a courtesy to the calls: go on without
+                pass
         while True:
             if idle_collection.due():
                 idle_collection.run()
@@ -662,7 +734,7 @@ def wait_for_idle():
 
 def _counted(compile_fn):
     global _outstanding, _saved_interval
-    trace = YIELDS and sys.gettrace() is None and _yielding()
+    trace = YIELD_BY_TRACE and sys.gettrace() is None and _yielding()
     try:
         wait_for_idle()
         if trace:

@@ -670,38 +670,35 @@ def test_a_near_full_collection_runs_on_the_compile_thread_between_calls(monkeyp
 
 def test_the_compile_thread_yields_its_python_while_a_call_runs(monkeypatch):
     """NOTE [bounded caches]: while another thread is inside a transform, the
-    compile thread's own Python (staging, JAX's lowering) sleeps after every
-    `SLICE_S` of running, so a call in a tight loop is not stalled for a
-    whole lowering; with no call running it never does. From Python 3.12 on
-    it sets no trace function at all (one would slow every thread there)."""
+    compile thread's own Python (here JAX's tracing and lowering of a
+    program) sleeps after every `SLICE_S` of running, so a call in a tight
+    loop is not stalled for a whole lowering; with no call running it never
+    does. Up to Python 3.11 through a trace function on that thread alone,
+    from 3.12 on through `sys.monitoring` events on the functions called
+    once per equation."""
     from functx import core
 
-    def step(i):
-        return i + 1
+    def chain(x):
+        for k in range(40):
+            x = jnp.sin(x) * (k + 1.0)
+        return x
 
-    def spin_calls(n):  # Python work, as a lowering is: many small calls
-        i = 0
-        for _ in range(n):
-            i = step(i)
-        return caches.yields
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
 
-    def spin_until_yields(k, seconds=10.0):
-        start, deadline, i = caches.yields, time.perf_counter() + seconds, 0
+    def lower_until_yields(k, seconds=20.0):
+        start, deadline = caches.yields, time.perf_counter() + seconds
         while caches.yields - start < k and time.perf_counter() < deadline:
-            i = step(i)
+            jax.jit(lambda x: chain(x)).lower(spec)  # a new function: traced and lowered anew
         return caches.yields - start
 
     caches.submit(lambda: None).result()  # the compile thread is running
     before = caches.yields
-    assert caches.submit(lambda: spin_calls(200_000)).result() == before  # nobody to yield to
+    caches.submit(lambda: [jax.jit(lambda x: chain(x)).lower(spec) for _ in range(3)]).result()
+    assert caches.yields == before  # nobody to yield to
     monkeypatch.setitem(core.busy, -1, 1)  # a call in progress on another thread
-    if caches.YIELDS:
-        assert caches.submit(lambda: spin_until_yields(5)).result() >= 5
-    else:  # Python 3.12 on: a trace function would slow every thread's Python
-        assert caches.submit(lambda: (spin_calls(200_000), sys.gettrace())[1]).result() is None
-        assert caches.yields == before
+    assert caches.submit(lambda: lower_until_yields(5)).result() >= 5
     del core.busy[-1]
-    assert sys.gettrace() is None  # the trace function was the compile thread's alone
+    assert sys.gettrace() is None
 
 
 _OVERDUE_AT_IMPORT = """
