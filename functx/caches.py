@@ -385,29 +385,31 @@ _saved_interval = None
 # not) is not cut. A sleep waits for nothing, so it cannot deadlock: a lock
 # the thread holds across one (functx.jit's cache, one of JAX's) only delays
 # a waiter by the sleep, as a switch of the GIL would. Not done where a
-# tracer is already set on the thread (a debugger, coverage). From Python
-# 3.12 on (`YIELD_BY_TRACE` false) a trace function set in any thread makes
-# the interpreter instrument the code every thread runs (a Python loop on
-# the calling thread ran 2.0x slower on 3.13 while another thread merely
-# had one set; 3.11: no change), so there the yields come from
-# `sys.monitoring` events on a few functions instead
-# (`_monitor_per_equation`). XLA's compile itself runs on XLA's own threads
-# and still shares the cores with the caller (benchmarks/RESULTS.md: a
-# lower scheduling priority for the compile thread changed nothing, XLA's
+# tracer is already set on the thread (a debugger, coverage), nor for a job
+# begun while no call has run for `CALLS_GOING_S` (a pause between notebook
+# cells: the trace function doubles the time of the thread's own Python).
+# From Python 3.12 on (`YIELD_BY_TRACE` false) a trace function set in any
+# thread makes the interpreter instrument the code every thread runs (a
+# Python loop on the calling thread ran 2.0x slower on 3.13 while another
+# thread merely had one set; 3.11: no change), so there the yields come
+# from `sys.monitoring` events on a few functions instead
+# (`_monitor_per_equation`). XLA's compile itself runs on XLA's own
+# threads and still shares the cores with the caller (benchmarks/RESULTS.md:
+# a lower scheduling priority for the compile thread changed nothing, XLA's
 # threads do not inherit it).
 SLICE_S = 0.0005
 YIELD_S = 0.001
 YIELD_BY_TRACE = sys.version_info < (3, 12)
+CALLS_GOING_S = 0.1
 yields = 0  # sleeps taken by the compile thread so far
 _slice_start = 0.0
 
 
-def _maybe_yield():
-    """On the compile thread, while another thread is inside a transform:
-    sleep `YIELD_S` once `SLICE_S` has passed since the last sleep."""
+def _maybe_yield(busy):
+    """On the compile thread, while another thread is inside a transform
+    (`busy`: core.busy): sleep `YIELD_S` once `SLICE_S` has passed since
+    the last sleep."""
     global yields, _slice_start
-    from .core import busy
-
     n = len(busy)
     if n and (n > 1 or compile_thread not in busy):
         now = time.perf_counter()
@@ -419,11 +421,13 @@ def _maybe_yield():
 
 def _yielding():
     """The trace function of the compile thread while it runs a job."""
+    from .core import busy
+
     maybe_yield = _maybe_yield
 
     def trace(frame, event, arg):
-        maybe_yield()
-        return None
+        if busy:  # else nobody to yield to: the cheap case, checked inline
+            maybe_yield(busy)
 
     return trace
 
@@ -471,12 +475,14 @@ def _monitor_per_equation():
                 codes.append(code)
     if not codes:
         return False
+    from .core import busy
+
     me = threading.get_ident()
 
     def on_start(code, offset):
         if threading.get_ident() == me:
             try:
-                _maybe_yield()
+                _maybe_yield(busy)
             except Exception:  # noqa: BLE001 - never into JAX's lowering (interpreter exit)
                 pass
 
@@ -734,10 +740,15 @@ def wait_for_idle():
 
 def _counted(compile_fn):
     global _outstanding, _saved_interval
-    trace = YIELD_BY_TRACE and sys.gettrace() is None and _yielding()
+    trace = None
     try:
-        wait_for_idle()
-        if trace:
+        idle = wait_for_idle()
+        if (YIELD_BY_TRACE and sys.gettrace() is None
+                and (not idle or time.perf_counter() - last_call_end < CALLS_GOING_S)):
+            # calls are running or just ran (a loop): yield to them; a trace
+            # function makes all of this thread's Python about 2x slower,
+            # so a job begun in a pause (a notebook's) goes without
+            trace = _yielding()
             sys.settrace(trace)
         return compile_fn()
     finally:
