@@ -458,3 +458,109 @@ def test_first_calls_equal_later_ones_bit_for_bit_under_default_xla_options():
     if result["mismatched"] and result["isolation"] != "calls":
         pytest.xfail("this backend fuses across primitives in the eager engine's programs")
     assert result["mismatched"] == []
+
+
+def _hits_and_misses():
+    return list(deferred._speculation)
+
+
+def _warm_until_ahead(fn, *args, calls=20):
+    """Call until a call dispatched its program ahead (the queue's program
+    compiled, and two calls in a row ran it)."""
+    for _ in range(calls):
+        before = deferred._speculation[0]
+        fn(*args)
+        caches.wait_for_compiles()
+        if deferred._speculation[0] > before:
+            return
+    raise AssertionError(f"{calls} calls and none dispatched its program ahead")
+
+
+def test_a_repeated_call_dispatches_its_program_ahead_with_the_same_results(monkeypatch):
+    """NOTE [speculative first program]: once two calls in a row ran the
+    same program on inputs from the same places, the next call dispatches
+    it before its Python runs and uses its outputs; results equal those of
+    the flush's own dispatch bit for bit, and JAX's."""
+    w = jnp.asarray(rng.uniform(-1, 1, (7, 4)))  # avals no other test uses
+    xs = [jnp.asarray(rng.uniform(-1, 1, (5, 4))) for _ in range(4)]
+    scale = jnp.asarray(rng.uniform(1, 2, (7,)))  # a closure's array: an input held weakly
+
+    def loss(w, x):
+        return fnp.sum(fnp.tanh(w @ x) * scale) * 0.5
+
+    per_sample = fx.vmap(fx.grad(loss), in_dims=(None, 0))
+    g = fx.grad(loss)
+    for fn, x in ((per_sample, xs[0]), (g, xs[0][0])):
+        _warm_until_ahead(fn, w, x)
+    before = _hits_and_misses()
+    got = [(_bits(per_sample(w, x)), _bits(g(w, x[0]))) for x in xs]
+    hits, misses = (a - b for a, b in zip(_hits_and_misses(), before))
+    assert hits == 2 * len(xs) and misses == 0, (hits, misses)
+    monkeypatch.setattr(deferred, "SPECULATE", False)
+    assert [(_bits(per_sample(w, x)), _bits(g(w, x[0]))) for x in xs] == got
+    assert _hits_and_misses()[0] == before[0] + hits
+    ref = jax.vmap(jax.grad(lambda w, x: jnp.sum(jnp.tanh(w @ x) * scale) * 0.5),
+                   in_axes=(None, 0))
+    for x in xs:
+        np.testing.assert_allclose(np.asarray(per_sample(w, x)), np.asarray(ref(w, x)),
+                                   rtol=1e-12)
+
+
+def test_a_call_that_changed_never_takes_the_speculative_outputs():
+    """A plan predicts the program and its inputs; when the call turns out
+    to run another program (a Python branch) or to read another array (a
+    rebound global), the speculative outputs are dropped: the results equal
+    JAX's, and alternating calls waste at most one speculative run."""
+    w = jnp.asarray(rng.uniform(-1, 1, (3, 7)))
+    x = jnp.asarray(rng.uniform(-1, 1, (7,)))
+    state = {"c": jnp.asarray(rng.uniform(-1, 1, (3,))), "sin": True}
+
+    def loss(w, x):
+        h = w @ x
+        h = fnp.sin(h) if state["sin"] else fnp.cos(h)
+        return fnp.sum(h * state["c"])
+
+    def expected(w, x):
+        h = w @ x
+        return jnp.sum((jnp.sin(h) if state["sin"] else jnp.cos(h)) * state["c"])
+
+    g = fx.grad(loss)
+    _warm(g, w, x, calls=5)
+    state["sin"] = False
+    _warm(g, w, x, calls=5)
+    state["sin"] = True
+    _warm_until_ahead(g, w, x)
+    old_c = state["c"]  # still alive: the plan's weak reference resolves to it
+    for change in ("branch", "global", "branch", "global"):
+        if change == "branch":
+            state["sin"] = not state["sin"]
+        else:
+            state["c"] = state["c"] * 1.5
+        before = _hits_and_misses()
+        for _ in range(4):  # alternating structure from here on: no more speculation
+            np.testing.assert_allclose(np.asarray(g(w, x)),
+                                       np.asarray(jax.grad(expected)(w, x)), rtol=1e-12)
+            state["sin"] = not state["sin"]
+        hits, misses = (a - b for a, b in zip(_hits_and_misses(), before))
+        assert misses <= 1, misses
+        state["sin"] = not state["sin"]
+        _warm_until_ahead(g, w, x, calls=4)  # stable again: speculation resumes
+    del old_c
+
+
+def test_plans_hold_the_arrays_they_read_weakly():
+    """A plan names a closure's array through a weak reference: dropping
+    the function and the array frees the array; `clear_caches` empties the
+    plans."""
+    w = jnp.asarray(rng.uniform(-1, 1, (2, 9)))
+    x = jnp.asarray(rng.uniform(-1, 1, (9,)))
+    c = jnp.asarray(rng.uniform(-1, 1, (2,)))
+    g = fx.grad(lambda w, x: fnp.sum(fnp.tanh(w @ x) * c))
+    _warm_until_ahead(g, w, x)
+    assert fx.cache_info()["eager plans"]["entries"] >= 1
+    ref = weakref.ref(c)
+    del g, c
+    gc.collect()
+    assert ref() is None, "a plan kept a closure's array alive"
+    fx.clear_caches()
+    assert fx.cache_info()["eager plans"]["entries"] == 0

@@ -13,6 +13,7 @@ from ..core import (
     is_real_float_dtype,
     new_interpreter,
 )
+from ..core import _state as _core_state
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.deferred import input_aval, values
 from ..interpreters.deferred import value as value_of
@@ -43,16 +44,21 @@ class ReverseResult:
 
 
 def linearize_reverse(func, primals, has_aux, call, names=None, allow_int=None,
-                      holomorphic=False, queued=False):
+                      holomorphic=False, queued=False, call_args=None):
     """Run `func(*primals)` recording its linearization (NOTE [reverse mode =
     jvp + staging + transpose] in interpreters/reverse.py). With `queued`,
     the outputs and the map's residuals may still be queued values (NOTE
     [one program per gradient]): the caller pulls back at once and forces
-    what it returns."""
+    what it returns. `call_args`: all the arguments of the user's call
+    (`(args, kwargs)`), of which `primals` are some (NOTE [speculative
+    first program])."""
     names = names or [f"primal {i}" for i in range(len(primals))]
     leaves, in_tree, mask, ints = _args.differentiable_leaves(primals, call, names, allow_int,
                                                               holomorphic)
     interp = ReverseInterpreter(call.split("(")[0])
+    if not _core_state.stack:  # NOTE [speculative first program]
+        interp.queue.top_call(interp.transform, leaves if call_args is None
+                              else tree_util.tree_leaves(call_args))
     r = ReverseResult()
     with new_interpreter(interp):
         boxed = [interp.new_input(x) if m else x for x, m in zip(leaves, mask)]
@@ -298,7 +304,7 @@ def _grad_and_value(func, argnums, has_aux, name, holomorphic, allow_int):
         diff = tuple(args[i] for i in nums)
         r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
                               [f"argument {i}" for i in nums], bool(allow_int), holomorphic,
-                              queued=True)
+                              queued=True, call_args=(args, kwargs))
         _scalar_check(r, call, holomorphic)
         one = seed_one(r.out_avals[0])
         cts = pull_back(r, [one])

@@ -172,7 +172,8 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None, holomorphic=False
         call = f"jacrev({_args.fn_name(func)}, argnums={argnums!r})(*args)"
         nums, single, diff = _diff_args(args, argnums, call)
         r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
-                              [f"argument {i}" for i in nums], bool(allow_int), holomorphic)
+                              [f"argument {i}" for i in nums], bool(allow_int), holomorphic,
+                              call_args=(args, kwargs))
         _check_rev_outputs(r, call, holomorphic)
         basis, sizes, total = _basis(r.out_avals)
 

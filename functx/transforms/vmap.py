@@ -272,6 +272,7 @@ def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, 
                bases=None, axis=None):
     interp = BatchInterpreter(size, randomness, "vmap",
                               axis_name=None if axis is None else axis.name, axis=axis)
+    interp.queue.top_call("vmap", leaves)  # NOTE [speculative first program]
     bases = bases or [None] * len(leaves)
     mesh = None
     if axis is not None and axis.spmd is not None and axis.chunk is None:
