@@ -298,6 +298,8 @@ class Queue:
             if call is not None:
                 _note_plan(call, steps[0][0], program, inputs, in_avals)
             return
+        if spec is not None:  # dispatched ahead for nothing
+            _speculation[1] += 1
         # one step at a time (each primitive by its own program), dropping
         # each dead output after its last reader
         _assign(live, _run_steps(steps, inputs, live))
