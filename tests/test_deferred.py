@@ -525,9 +525,9 @@ def test_a_call_that_changed_never_takes_the_speculative_outputs():
         return jnp.sum((jnp.sin(h) if state["sin"] else jnp.cos(h)) * state["c"])
 
     g = fx.grad(loss)
-    _warm(g, w, x, calls=5)
+    _warm_until_ahead(g, w, x)
     state["sin"] = False
-    _warm(g, w, x, calls=5)
+    _warm_until_ahead(g, w, x)  # both structures compiled
     state["sin"] = True
     _warm_until_ahead(g, w, x)
     old_c = state["c"]  # still alive: the plan's weak reference resolves to it
@@ -546,6 +546,29 @@ def test_a_call_that_changed_never_takes_the_speculative_outputs():
         state["sin"] = not state["sin"]
         _warm_until_ahead(g, w, x, calls=4)  # stable again: speculation resumes
     del old_c
+
+
+def test_a_structure_still_compiling_in_between_stops_speculation(request):
+    """Calls alternating between a structure whose program is compiled and
+    one whose program is not (the compile thread held) are not two calls in
+    a row of one plan: at most one program is dispatched ahead for
+    nothing."""
+    w = jnp.asarray(rng.uniform(-1, 1, (3, 11)))
+    x = jnp.asarray(rng.uniform(-1, 1, (11,)))
+    mode = {"sin": True}
+
+    def loss(w, x):
+        h = w @ x
+        return fnp.sum(fnp.sin(h) if mode["sin"] else fnp.exp(h) * 0.5)
+
+    g = fx.grad(loss)
+    _warm_until_ahead(g, w, x)
+    request.getfixturevalue("held_compiles")
+    before = _hits_and_misses()[1]
+    for _ in range(8):
+        mode["sin"] = not mode["sin"]
+        g(w, x)
+    assert _hits_and_misses()[1] - before <= 1
 
 
 def test_plans_hold_the_arrays_they_read_weakly():

@@ -292,14 +292,18 @@ class Queue:
                 result = spec[2]
             else:
                 if spec is not None:
-                    _speculation[1] += 1
+                    _missed(spec)
                 result = program(*inputs)
             _assign([p for p in live if p is not None], result)
             if call is not None:
                 _note_plan(call, steps[0][0], program, inputs, in_avals)
             return
-        if spec is not None:  # dispatched ahead for nothing
-            _speculation[1] += 1
+        if spec is not None:
+            _missed(spec)
+        elif call is not None:  # another structure in between: no longer in a row
+            plan = _plans.entries.get((call[0], id(steps[0][0]), len(call[1])))
+            if plan is not None:
+                plan.seen = 0
         # one step at a time (each primitive by its own program), dropping
         # each dead output after its last reader
         _assign(live, _run_steps(steps, inputs, live))
@@ -367,7 +371,7 @@ _programs = RepeatCache("deferred steps", after=1, limit=1024, byte_limit=384 <<
 # (effectful primitives are never queued), so the outputs are the ones
 # the flush would compute, bit for bit. Otherwise they are dropped and the
 # flush dispatches as before (counted in `cache_info()["eager plans"]`);
-# the plan is replaced and must be seen twice again, so a function whose
+# the plan must then be seen twice in a row again, so a function whose
 # structure changes from call to call wastes at most one program run per
 # change. Plans are keyed by the transform, the first step (weakly held)
 # and the number of argument leaves; `FUNCTX_SPECULATE=0` turns this off.
@@ -457,10 +461,17 @@ def _note_plan(call, step, program, inputs, avals):
         pass
 
 
+def _missed(spec):
+    """A program dispatched ahead for nothing: its plan must be confirmed
+    by two calls in a row again."""
+    _speculation[1] += 1
+    spec[3].seen = 0
+
+
 def _speculate(call, step):
     """At a top-level call's first queued step: dispatch the program of its
     plan, if two calls in a row ran it, on the inputs the plan names;
-    (program, inputs, outputs), or None."""
+    (program, inputs, outputs, plan), or None."""
     transform, leaves = call
     plan = _plans.get((transform, id(step), len(leaves)))
     if plan is None or plan.seen < SPECULATE_AFTER or plan.step() is not step:
@@ -485,7 +496,7 @@ def _speculate(call, step):
     except AttributeError:  # a leaf that is not an array (a NumPy array)
         return None
     try:
-        return program, inputs, program(*inputs)
+        return program, inputs, program(*inputs), plan
     except Exception:  # noqa: BLE001 - only ahead of time: the flush runs it again and reports
         return None
 
