@@ -397,7 +397,8 @@ class Plan:
 
 
 def _plans_info():
-    return dict(Cache.info(_plans), speculative_hits=_speculation[0], speculative_misses=_speculation[1])
+    return dict(Cache.info(_plans), speculative_hits=_speculation[0],
+                speculative_misses=_speculation[1])
 
 
 _plans = Cache("eager plans", limit=256,
