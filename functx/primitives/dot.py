@@ -36,10 +36,18 @@ dot_general_p = defprim("dot_general", lax.dot_general_p)
 
 
 def dot_general(lhs, rhs, dimension_numbers, preferred_element_type=None):
+    """`lax.dot_general` at the default precision. As in JAX, "default"
+    is read when the product is made: `jax.default_matmul_precision`'s
+    context or the `jax_default_matmul_precision` option, baked into the
+    equation. XLA reads an equation's unset precision as DEFAULT (TF32 on
+    GPUs) wherever it is lowered, and eager programs are compiled on the
+    compile thread and run when their queue runs, outside the caller's
+    context."""
     (lc, rc), (lb, rb) = dimension_numbers
     dn = ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
     return bind(
-        dot_general_p, lhs, rhs, dimension_numbers=dn, precision=None,
+        dot_general_p, lhs, rhs, dimension_numbers=dn,
+        precision=_jax_lax.canonicalize_precision(None),
         preferred_element_type=preferred_element_type, out_sharding=None,
     )
 
