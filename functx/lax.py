@@ -48,6 +48,7 @@ import jax as _jax
 import jax.lax as _jlax
 import numpy as _np
 from jax import tree_util as _tree
+from jax._src.config import trace_context as _trace_context
 
 from .numpy import populate as _populate
 
@@ -809,7 +810,10 @@ def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
     (NOTE [staged bodies: one graph per code and closure]) and the values of
     enclosing transforms it reaches otherwise. The same code reading equal
     values (arrays of the same shapes and dtypes) finds the same graph."""
-    base = (kind, call, args_tree, tuple(avals))
+    # JAX's tracing options in force are baked into the graph (a
+    # `jax.default_matmul_precision` context into its products), as in
+    # jax.jit's keys
+    base = (kind, call, args_tree, tuple(avals), _trace_context())
     snap = _snapshot(fn)
     if snap is not None:
         key = base + (snap.key,)

@@ -7,8 +7,11 @@ a jaxpr with `jax.make_jaxpr` on the arguments' abstract values, and replays
 the jaxpr's equations as functx primitives (each JAX primitive maps to the
 functx primitive of the same name and parameters), so every functx transform
 sees through it. The staged program is cached per argument structure,
-shapes, dtypes and static (non-array) arguments, so a second call with the
-same kinds of arguments costs only the replay.
+shapes, dtypes, static (non-array) arguments and JAX's tracing options
+(`config.trace_context()`, as jax.jit keys its caches: a
+`jax.default_matmul_precision` context is baked into the products a jaxpr
+holds), so a second call with the same kinds of arguments costs only the
+replay.
 
 Replaying inlines `closed_call` / `checkpoint` (remat) equations, and `jit`
 equations except where the transforms run eagerly: there each is one
@@ -342,7 +345,10 @@ def call_lifted(fn, args, kwargs, replay=False):
             key_parts.append(caches.WeakRef(leaf))
         else:
             key_parts.append(_StaticKey(leaf))
-    key = (treedef, tuple(key_parts))
+    # JAX's tracing options in force (`jax.default_matmul_precision`,
+    # x64, dtype and rank promotion, ...): the jaxpr bakes them in, and
+    # jax.jit keys its own caches on them
+    key = (treedef, tuple(key_parts), jconfig.trace_context())
     try:
         entry = _CACHE.get(key)
     except TypeError:  # an unhashable static argument: stage without caching

@@ -405,3 +405,66 @@ def test_sum_of_float_values_is_one_reduce_sum(call):
         fx.vmap(lambda x: x.sum(2))(xs)
     np.testing.assert_array_equal(np.asarray(fx.vmap(lambda x: x.sum(keepdims=True))(xs)),
                                   np.asarray(xs.sum((1, 2), keepdims=True)))
+
+
+@pytest.mark.parametrize("context", [None, "highest", "bfloat16"])
+def test_matmul_takes_the_default_precision_where_it_is_written(context):
+    """`@` on functx values bakes `jax.default_matmul_precision` into its
+    product as jax.numpy does: eager programs are compiled on the compile
+    thread and run when their queue runs, outside the caller's context,
+    where XLA would read an unset precision as DEFAULT (TF32 on GPUs)."""
+    import contextlib
+
+    from functx.core import aval_of
+    from functx.interpreters.staging import stage
+
+    x = jnp.ones((3, 4), jnp.float32)
+    y = jnp.ones((4, 2), jnp.float32)
+    scope = contextlib.nullcontext() if context is None else jax.default_matmul_precision(context)
+    with scope:
+        want = [e.params["precision"] for e in jax.make_jaxpr(jnp.matmul)(x, y).eqns
+                if e.primitive.name == "dot_general"]
+        graph, _ = stage(lambda a, b: [fnp.matmul(a, b), a @ b], [aval_of(x), aval_of(y)])
+    got = [e.params["precision"] for e in graph.eqns if e.prim.name == "dot_general"]
+    assert got == want * 2, (got, want)
+    if context is not None:
+        assert want != [None]
+
+
+def _dot_precisions(graph, out):
+    for e in graph.eqns:
+        if e.prim.name == "dot_general":
+            out.append(e.params["precision"])
+        for v in e.params.values():
+            for g in v if isinstance(v, (list, tuple)) else [v]:
+                if hasattr(g, "eqns"):
+                    _dot_precisions(g, out)
+    return out
+
+
+def test_a_precision_context_reaches_programs_staged_before_it():
+    """Lifted jax.numpy code (einsum, dot) and `functx.lax.scan` bodies are
+    staged once and cached; a `jax.default_matmul_precision` context
+    entered later must still reach their products, as it reaches
+    jax.jit's (whose caches key on JAX's tracing options)."""
+    from functx.core import aval_of
+    from functx.interpreters.staging import stage
+
+    x = jnp.ones((3, 3), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 3)), jnp.float32)
+
+    def f(c):
+        s = fx.lax.scan(lambda h, _: (fnp.tanh(h @ w), None), c, None, length=2)[0]
+        return [fnp.einsum("ij,jk->ik", s, w), fnp.dot(s, w)]
+
+    def precisions():
+        return _dot_precisions(stage(f, [aval_of(x)])[0], [])
+
+    outside = precisions()
+    assert outside == [None] * 3, outside
+    with jax.default_matmul_precision("highest"):
+        want = jax.make_jaxpr(lambda a: jnp.einsum("ij,jk->ik", a, w))(x).eqns
+        want = [e.params["precision"] for e in want if e.primitive.name == "dot_general"]
+        assert want[0] is not None
+        assert precisions() == want * 3
+    assert precisions() == outside
