@@ -272,7 +272,6 @@ def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, 
                bases=None, axis=None):
     interp = BatchInterpreter(size, randomness, "vmap",
                               axis_name=None if axis is None else axis.name, axis=axis)
-    interp.queue.top_call("vmap", leaves)  # NOTE [speculative first program]
     bases = bases or [None] * len(leaves)
     mesh = None
     if axis is not None and axis.spmd is not None and axis.chunk is None:
@@ -280,6 +279,7 @@ def _vmap_once(func, leaves, dims, in_tree, kwargs, size, randomness, out_dims, 
         if mesh is not None:
             leaves = [x if d is None else spmd_constrain(x, d, axis.spmd, mesh)
                       for x, d in zip(leaves, dims)]
+    interp.queue.top_call("vmap", leaves)  # NOTE [speculative first program]
     with _named_axis(axis, size), new_interpreter(interp):
         boxed = [x if d is None else BatchTracer(interp, x, d, b)
                  for x, d, b in zip(leaves, dims, bases)]
