@@ -4,6 +4,7 @@ program. Results equal JAX's and are the same bit for bit whichever way the
 steps ran; values are computed whenever Python needs one; nothing deferred
 leaks out of a transform; callbacks run where the program reaches them."""
 
+import contextlib
 import gc
 import weakref
 
@@ -569,6 +570,33 @@ def test_a_structure_still_compiling_in_between_stops_speculation(request):
         mode["sin"] = not mode["sin"]
         g(w, x)
     assert _hits_and_misses()[1] - before <= 1
+
+
+def test_a_tracing_option_changed_mid_call_never_takes_the_speculative_outputs():
+    """jax.jit traces a program anew under other tracing options (a
+    `jax.default_matmul_precision` context): outputs dispatched ahead at the
+    call's first step are not used by a flush run inside a context entered
+    after it."""
+    w = jnp.asarray(rng.uniform(-1, 1, (3, 13)))
+    x = jnp.asarray(rng.uniform(-1, 1, (13,)))
+    inside = {"on": False}
+
+    def loss(w, x):
+        h = fnp.tanh(w @ x)
+        with (jax.default_matmul_precision("highest") if inside["on"]
+              else contextlib.nullcontext()):
+            float(h[0])  # the queue runs here, under the context once it is on
+        return fnp.sum(h * h)
+
+    g = fx.grad(loss)
+    _warm_until_ahead(g, w, x)
+    inside["on"] = True
+    before = _hits_and_misses()
+    got = g(w, x)
+    hits, misses = (a - b for a, b in zip(_hits_and_misses(), before))
+    assert hits == 0 and misses == 1, (hits, misses)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(
+        jax.grad(lambda w, x: jnp.sum(jnp.tanh(w @ x) ** 2))(w, x)), rtol=1e-12)
 
 
 def test_plans_hold_the_arrays_they_read_weakly():

@@ -69,6 +69,7 @@ import weakref
 
 import numpy as np
 from jax._src import core as jcore
+from jax._src.config import trace_context as _trace_context
 
 from .. import core as _core
 from ..caches import Cache, RepeatCache
@@ -287,7 +288,8 @@ class Queue:
             except TypeError:  # unhashable step parameters
                 pass
         if program is not None:
-            if spec is not None and spec[0] is program and _same(spec[1], inputs):
+            if (spec is not None and spec[0] is program and _same(spec[1], inputs)
+                    and spec[4] == _trace_context()):
                 _speculation[0] += 1
                 result = spec[2]
             else:
@@ -366,7 +368,9 @@ _programs = RepeatCache("deferred steps", after=1, limit=1024, byte_limit=384 <<
 # the Python queues the steps. At the flush, the speculative outputs are
 # used only if the queue compiled to the very same program object (the
 # same steps, avals and live outputs: the key of `_programs`) and its
-# inputs are the very same objects, in order: then the program would be
+# inputs are the very same objects, in order, under the same JAX tracing
+# options (a `jax.default_matmul_precision` context entered mid-call would
+# make jax.jit trace the program anew): then the program would be
 # called on exactly those arguments, and programs of queued steps are pure
 # (effectful primitives are never queued), so the outputs are the ones
 # the flush would compute, bit for bit. Otherwise they are dropped and the
@@ -472,7 +476,7 @@ def _missed(spec):
 def _speculate(call, step):
     """At a top-level call's first queued step: dispatch the program of its
     plan, if two calls in a row ran it, on the inputs the plan names;
-    (program, inputs, outputs, plan), or None."""
+    (program, inputs, outputs, plan, JAX's tracing options), or None."""
     transform, leaves = call
     plan = _plans.get((transform, id(step), len(leaves)))
     if plan is None or plan.seen < SPECULATE_AFTER or plan.step() is not step:
@@ -497,7 +501,7 @@ def _speculate(call, step):
     except AttributeError:  # a leaf that is not an array (a NumPy array)
         return None
     try:
-        return program, inputs, program(*inputs), plan
+        return program, inputs, program(*inputs), plan, _trace_context()
     except Exception:  # noqa: BLE001 - only ahead of time: the flush runs it again and reports
         return None
 
