@@ -51,9 +51,30 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   the thread is behind, calls move past the queue structures of a warm-up as
   steps land, and compiling those would keep it behind and keep programs no
   call runs. A key met again is counted and submitted anew.
+* **Under the caller's JAX options.** See NOTE [JAX options off the
+  calling thread] below.
+
+NOTE [JAX options off the calling thread]
+JAX's options (`jax.enable_x64`, `jax.default_matmul_precision`,
+`jax.numpy_rank_promotion`, ...) can be set for one thread by a context
+manager, and what JAX traces reads them: jax.numpy picks default dtypes and
+bakes the configured precision into the products it makes, and a product
+left at `precision=None` takes the option's value when it is lowered. A build
+handed to the compile thread stages rules (some borrowed from JAX) and
+lowers programs there, where none of the caller's contexts is entered: a
+`grad` of `jax.nn.logsumexp` called inside `with jax.enable_x64(True)` ran
+its first calls in float64 and then failed in its fused steps, staged with
+float32 constants. So `submit` records the options the calling thread has
+set for itself and the job runs with the same ones entered (`_thread_options`,
+`_entered`). And as jax.jit keys its caches on `config.trace_context()`, a
+`RepeatCache` keys every entry on the options in force at the lookup
+(`options_id`: a small number per distinct `trace_context()`), so what was
+staged under one context is never taken under another.
 """
 
 import collections
+import functools
+import itertools
 import os
 import sys
 import threading
@@ -248,8 +269,9 @@ class RepeatCache(Cache):
         self.asked = {}  # pending key -> (tick, calls_begun) of its latest lookup
 
     def get(self, key, build):
-        """The built value for `key`, or None; raises TypeError when the
-        key is not hashable."""
+        """The built value for `key` under the JAX options in force, or None;
+        raises TypeError when the key is not hashable."""
+        key = (key, options_id())  # NOTE [JAX options off the calling thread]
         value = self.entries.get(key, _MISSING)
         if value is not _MISSING:
             if len(self.entries) > self.half or self.bytes > self.half_bytes:  # see `half`
@@ -299,6 +321,11 @@ class RepeatCache(Cache):
                 return _build_and_compile(build)
         self.pending[stored] = _submit(job, self.priority)
         return None
+
+    def declined(self, key):
+        """Whether the build for `key` (under the JAX options in force)
+        ran and gave None."""
+        return self.entries.get((key, options_id()), _MISSING) is None
 
     def _collect(self):
         """Move every finished build into the cache (bounded like any entry),
@@ -703,6 +730,7 @@ last_call_end = 0.0  # time.perf_counter() when a thread's outermost transform c
 
 def _submit(compile_fn, priority=COMPILING):
     global _executor, _outstanding, _saved_interval
+    options = _thread_options()  # NOTE [JAX options off the calling thread]
     if _executor is None:
         with _executor_lock:
             if _executor is None:
@@ -712,7 +740,7 @@ def _submit(compile_fn, priority=COMPILING):
         if _saved_interval is None and sys.getswitchinterval() > SWITCH_INTERVAL:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL)
-    return _executor.submit(lambda: _counted(compile_fn), priority)
+    return _executor.submit(lambda: _counted(compile_fn, options), priority)
 
 
 def submit(fn, priority=STAGING):
@@ -738,9 +766,11 @@ def wait_for_idle():
     return True
 
 
-def _counted(compile_fn):
+def _counted(compile_fn, options=()):
     global _outstanding, _saved_interval
     trace = None
+    if options:
+        compile_fn = functools.partial(_entered, options, compile_fn)
     try:
         idle = wait_for_idle()
         if (YIELD_BY_TRACE and sys.gettrace() is None
@@ -760,6 +790,73 @@ def _counted(compile_fn):
                 if sys.getswitchinterval() == SWITCH_INTERVAL:  # unless changed since
                     sys.setswitchinterval(_saved_interval)
                 _saved_interval = None
+
+
+def _jax_config():
+    from jax._src import config
+
+    return config
+
+
+def _thread_options():
+    """The JAX options the calling thread has set for itself (its entered
+    context managers): `(option, value)` pairs."""
+    config = _jax_config()
+    unset = config.config_ext.unset
+    found = []
+    for option in list(config.config_states.values()):
+        value = option.get_local()
+        if value is not unset:
+            found.append((option, value))
+    return tuple(found)
+
+
+def _entered(options, fn):
+    """`fn()` with `options` (from `_thread_options`) set for this thread, as
+    their context managers set them; then the thread's own values again."""
+    saved = []
+    try:
+        for option, value in options:
+            saved.append((option, option.swap_local(value)))
+            hook = getattr(option, "_update_thread_local_hook", None)
+            if hook:
+                hook(value)
+        return fn()
+    finally:
+        unset = _jax_config().config_ext.unset
+        for option, value in reversed(saved):
+            option.set_local(value)
+            hook = getattr(option, "_update_thread_local_hook", None)
+            if hook:
+                hook(None if value is unset else value)
+
+
+_options_ids = {}  # trace_context() -> its number (few: one per distinct context)
+_options_last = (None, 0)  # the latest (trace_context(), number) looked up
+_trace_context = None
+
+
+def options_id():
+    """A number standing for the JAX options in force on this thread
+    (`config.trace_context()`, what jax.jit keys its caches on): equal
+    numbers, equal options (NOTE [JAX options off the calling thread])."""
+    global _options_last, _trace_context
+    if _trace_context is None:
+        _trace_context = _jax_config().trace_context
+    context = _trace_context()
+    last = _options_last
+    if context == last[0]:
+        return last[1]
+    found = _options_ids.get(context)
+    if found is None:
+        if len(_options_ids) >= 4096:  # a context made anew each call: numbers stay unique
+            _options_ids.clear()
+        found = _options_ids[context] = next(_options_numbers)
+    _options_last = (context, found)
+    return found
+
+
+_options_numbers = itertools.count()
 
 
 def wait_for_compiles():

@@ -39,7 +39,7 @@ def test_repeated_grads_equal_jax_before_and_after_the_caches_engage():
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-12)
         caches.wait_for_compiles()  # NOTE [bounded caches]: compiled off this thread
-    fused = [k[0].name for k, v in reverse._fused.entries.items() if isinstance(v, reverse.FusedStep)]
+    fused = [k[0][0].name for k, v in reverse._fused.entries.items() if isinstance(v, reverse.FusedStep)]
     assert {"tanh", "dot_general", "exp"} <= set(fused)
     # the backward pass: compiled alone, or staged to run in the forward
     # program (NOTE [one program per gradient]), whichever came first
@@ -99,7 +99,7 @@ def test_repeated_vmaps_equal_jax_before_and_after_batched_steps_engage():
         got = fx.vmap(f(fnp), in_dims=(None, 1))(W, xs.T)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
         caches.wait_for_compiles()
-    built = [k[0].name for k, v in batching._steps.entries.items() if isinstance(v, batching.BatchedStep)]
+    built = [k[0][0].name for k, v in batching._steps.entries.items() if isinstance(v, batching.BatchedStep)]
     # (w @ x is jnp.matmul, a jitted JAX function: one call, NOTE [JAX's jit
     # programs stay calls], batched as a whole graph rather than by a step)
     assert {"tanh", "cos"} <= set(built)
@@ -176,7 +176,7 @@ def test_caches_are_bounded_and_count_keys_seen_once_in_an_lru(monkeypatch):
         assert cache.bytes == 21
         for i in range(10):  # keys seen once are forgotten in LRU order
             cache.get(("once", i), lambda: (None, None))
-        assert len(cache.counts) == 4 and ("once", 9) in cache.counts
+        assert len(cache.counts) == 4 and (("once", 9), caches.options_id()) in cache.counts
         info = fx.cache_info()["test cache"]
         assert (info["entries"], info["limit"], info["counted"]) == (3, 3, 4)
         fx.clear_caches()
@@ -235,6 +235,73 @@ def test_clear_caches_then_results_unchanged():
     info = fx.cache_info()
     assert all(v["entries"] == 0 for v in info.values())
     assert _bits(g(W, X)) == before
+
+
+_X64_IN_A_CONTEXT = """
+import numpy as np, jax, jax.numpy as jnp, functx as fx
+from functx import caches
+from functx.interpreters import reverse
+
+def f(a):
+    return jax.nn.logsumexp(a * 1e-3 + 1.0) + jnp.sum(jnp.sort(a) * jnp.arange(4.0))
+
+assert not jax.config.jax_enable_x64
+with jax.enable_x64(True):
+    a = jnp.asarray(np.linspace(-1, 1, 4), jnp.float64)
+    want = np.asarray(jax.grad(f)(a))
+    g = fx.grad(f)
+    errors = []
+    for _ in range(6):
+        got = g(a)
+        errors.append((str(got.dtype), float(np.max(np.abs(np.asarray(got) - want)))))
+        caches.wait_for_compiles()
+    built = bool(reverse._fused.entries)
+print(sorted(set(errors)), built)
+"""
+
+
+def test_builds_off_the_calling_thread_take_the_callers_jax_options():
+    """A call inside `with jax.enable_x64(True)` (a context: this thread
+    only) hands its repeated steps to the compile thread; they must be
+    staged with the caller's options (NOTE [JAX options off the calling
+    thread] in caches.py). Before, the fused steps of logsumexp's rules were
+    staged in float32 there and the fifth call failed. Run in a process
+    with x64 off, as users' are."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, JAX_ENABLE_X64="0")
+    out = subprocess.run([sys.executable, "-c", _X64_IN_A_CONTEXT], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[('float64', 0.0)] True", out.stdout
+    # a job runs with the options its caller had entered, and only those
+    x64 = not jax.config.jax_enable_x64
+    with jax.enable_x64(x64):
+        seen = caches.submit(lambda: jax.config.jax_enable_x64).result()
+    assert seen is x64
+    assert caches.submit(lambda: jax.config.jax_enable_x64).result() is not x64
+
+
+def test_an_entry_built_under_other_jax_options_is_not_taken():
+    """The same structure, first outside a context, then inside one: the
+    eager caches key on JAX's options, so the call inside sees no step
+    built outside (as jax.jit traces again under a new context)."""
+    g = fx.grad(lambda w: fnp.sum(fnp.tanh(w @ X)))
+    for _ in range(3):
+        g(W)
+        caches.wait_for_compiles()
+    outside = {k for k, v in reverse._fused.entries.items() if isinstance(v, reverse.FusedStep)}
+    assert outside
+    with jax.default_matmul_precision("highest"):
+        want = jax.grad(lambda w: jnp.sum(jnp.tanh(w @ X)))(W)
+        for _ in range(3):
+            np.testing.assert_allclose(np.asarray(g(W)), np.asarray(want), rtol=1e-6)
+            caches.wait_for_compiles()
+    inside = {k for k, v in reverse._fused.entries.items()
+              if isinstance(v, reverse.FusedStep)} - outside
+    assert inside and {k[1] for k in inside}.isdisjoint({k[1] for k in outside})
+    assert {k[0] for k in inside} & {k[0] for k in outside}  # the same steps, again
 
 
 def test_a_lifted_function_dropped_by_the_user_is_freed():

@@ -443,8 +443,8 @@ def _dot_precisions(graph, out):
 
 
 def test_a_precision_context_reaches_programs_staged_before_it():
-    """Lifted jax.numpy code (einsum, dot) and `functx.lax.scan` bodies are
-    staged once and cached; a `jax.default_matmul_precision` context
+    """Lifted jax.numpy code (einsum, dot), `functx.lax.scan` bodies and
+    `functx.jit` functions are staged once and cached; a `jax.default_matmul_precision` context
     entered later must still reach their products, as it reaches
     jax.jit's (whose caches key on JAX's tracing options)."""
     from functx.core import aval_of
@@ -455,16 +455,20 @@ def test_a_precision_context_reaches_programs_staged_before_it():
 
     def f(c):
         s = fx.lax.scan(lambda h, _: (fnp.tanh(h @ w), None), c, None, length=2)[0]
-        return [fnp.einsum("ij,jk->ik", s, w), fnp.dot(s, w)]
+        return [fnp.einsum("ij,jk->ik", s, w), fnp.dot(s, w), fx.jit(_product)(s, w)]
 
     def precisions():
         return _dot_precisions(stage(f, [aval_of(x)])[0], [])
 
     outside = precisions()
-    assert outside == [None] * 3, outside
+    assert outside == [None] * 4, outside
     with jax.default_matmul_precision("highest"):
         want = jax.make_jaxpr(lambda a: jnp.einsum("ij,jk->ik", a, w))(x).eqns
         want = [e.params["precision"] for e in want if e.primitive.name == "dot_general"]
         assert want[0] is not None
-        assert precisions() == want * 3
+        assert precisions() == want * 4
     assert precisions() == outside
+
+
+def _product(a, b):  # one function: functx.jit stages it once per signature
+    return a @ b

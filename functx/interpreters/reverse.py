@@ -733,7 +733,7 @@ def _staged_transpose(graph, consts, cts, sig, index):
     except (KeyError, TypeError):  # a constant output, unhashable parameters
         return None
     if staged is None:  # declined for good, or not staged yet
-        return None if key in _staged.entries else NOT_YET
+        return None if _staged.declined(key) else NOT_YET
     return staged
 
 

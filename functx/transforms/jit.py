@@ -60,6 +60,7 @@ from jax import tree_util
 
 from .. import random as _random
 from .. import xla_cpu
+from ..caches import options_id
 from ..core import _state as _stack_state
 from ..core import aval_of, bind
 from ..errors import FunctxTypeError, FunctxValueError
@@ -266,6 +267,7 @@ class _Inline:
 #   the static argument values and the input avals (not on the enclosing
 #   transforms: their rules transform the graph), and compiled programs on
 #   what JAX keys them on (its caches are keyed on the entry's `trace_pure`).
+#   Staged graphs are keyed on JAX's options too, as jax.jit's traces are.
 # * Weak: the cache holds `f` (and every object its key names by identity)
 #   through weak references whose callbacks drop the entry when one dies
 #   (at once, or at the next use of the cache if it was busy then);
@@ -812,7 +814,9 @@ class Jitted:
         leaves = [as_array(x, f"jit({self._name})", "an argument") for x in leaves]
         # the live named vmaps' sizes: functx.lax.axis_size is a Python int
         # in the graph (NOTE [named axes])
-        key = (in_tree, static, tuple(aval_of(x) for x in leaves), live_axes())
+        # and JAX's options: what `f` traces reads them, as jax.jit keys on
+        # them (NOTE [JAX options off the calling thread] in caches.py)
+        key = (in_tree, static, tuple(aval_of(x) for x in leaves), live_axes(), options_id())
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._graphs.put(key, self._stage(leaves, in_tree, rebuild))
