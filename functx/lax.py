@@ -48,7 +48,6 @@ import jax as _jax
 import jax.lax as _jlax
 import numpy as _np
 from jax import tree_util as _tree
-from jax._src.config import trace_context as _trace_context
 
 from .numpy import populate as _populate
 
@@ -111,6 +110,7 @@ def reduce_window(operand, init_value, computation, window_dimensions, window_st
                                  window_dilation)
 
 
+from . import caches as _caches  # noqa: E402
 from . import random as _random  # noqa: E402
 from .core import TRACER_TYPES as _TRACER_TYPES  # noqa: E402
 from .core import Tracer as _Tracer  # noqa: E402
@@ -813,7 +813,7 @@ def _stage_fn(fn, args_tree, avals, what, call=_call, kind=""):
     # JAX's tracing options in force are baked into the graph (a
     # `jax.default_matmul_precision` context into its products), as in
     # jax.jit's keys
-    base = (kind, call, args_tree, tuple(avals), _trace_context())
+    base = (kind, call, args_tree, tuple(avals), _caches.options_id())
     snap = _snapshot(fn)
     if snap is not None:
         key = base + (snap.key,)

@@ -347,8 +347,9 @@ def call_lifted(fn, args, kwargs, replay=False):
             key_parts.append(_StaticKey(leaf))
     # JAX's tracing options in force (`jax.default_matmul_precision`,
     # x64, dtype and rank promotion, ...): the jaxpr bakes them in, and
-    # jax.jit keys its own caches on them
-    key = (treedef, tuple(key_parts), jconfig.trace_context())
+    # jax.jit keys its own caches on them (NOTE [JAX options off the
+    # calling thread] in caches.py)
+    key = (treedef, tuple(key_parts), caches.options_id())
     try:
         entry = _CACHE.get(key)
     except TypeError:  # an unhashable static argument: stage without caching
