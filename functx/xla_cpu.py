@@ -162,7 +162,11 @@ def top_level():
 # result exactly once from operands read as they are (additions, data
 # movement, comparisons, selections, conversions), so fusing them changes
 # no bit, unless an operand is a constant, which XLA's simplifier may fold
-# (each such application gets its own call too). A product (`mul`, and any
+# (each such application gets its own call too). A call's constant operand
+# reaches it through an optimisation barrier: XLA propagates constants into
+# the computations it calls and folds them there, where the program alone
+# takes them as arguments (a digamma gradient's `polygamma(1, x)` rounded
+# otherwise once its queue ran as one program). A product (`mul`, and any
 # primitive whose result may come from a final multiplication, which is
 # most arithmetic) gets its own call, so its result is rounded and stored
 # before a sum reads it; so does a reduction, which then never sees the

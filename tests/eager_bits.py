@@ -90,6 +90,9 @@ def main(programs):
                  fx.vmap(fx.grad(lambda w, x: jnp.sum(jnp.tanh(w * x + w))), in_dims=(None, 0)), X),
              "tanh's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.tanh(w @ x))), X[0]),
              "grad of a borrowed JAX primitive": (fx.grad(borrowed), X[0]),
+             # its derivative, polygamma(1, .), has a constant operand
+             "digamma's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
+                 jax.scipy.special.digamma(fnp.exp(w) + 0.3 + x * x) * 1.3))), X[0]),
              "vmap(grad) of a borrowed JAX primitive": (fx.vmap(fx.grad(borrowed), in_dims=(None, 0)), X)}
     for seed in range(programs):
         name, case = list(transforms(random_program(seed)).items())[seed % 3]

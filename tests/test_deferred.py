@@ -441,7 +441,9 @@ def test_first_calls_equal_later_ones_bit_for_bit_under_default_xla_options():
     [transposed as if inlined]), over gradients, per-sample gradients and
     gradients of gradients of random programs, and of a JAX primitive
     functx borrows (bound inline in combined programs until 2026-12: it
-    differed), in a child process with XLA's default options. (Before: 20
+    differed), and of digamma, whose derivative has a constant operand (XLA
+    folded it into its call until 2026-12: it differed), in a child process
+    with XLA's default options. (Before: 20
     of 40 random programs differed in the last bit.) Where the eager engine cannot keep its calls (no CPU backend,
     or a jaxlib without the option) a mismatch is recorded as xfail."""
     import json

@@ -42,8 +42,9 @@ def lower_to_jax(prim, bind=None):
             if isinstance(a, _JaxTracer):
                 mode = getattr(_tracing, "mode", None)
                 if mode and not (fusible and all(isinstance(b, _JaxTracer) for b in args)):
-                    if mode == "calls":
-                        break  # a call of its own program
+                    if mode == "calls":  # a call of its own program
+                        args = _opaque_constants(args)
+                        break
                     return xla_cpu.between_barriers(lambda *xs, **ps: inline(xs, ps), args, params)
                 return inline(args, params)
         try:
@@ -71,6 +72,26 @@ def lower_to_jax(prim, bind=None):
     impl_rules[prim] = impl
     _PROGRAMS.append(compiled)
     return impl
+
+
+def _opaque_constants(args):
+    """The constant operands of a primitive kept as a call (NOTE [one
+    rounding per primitive]) passed through an optimisation barrier: XLA
+    propagates a constant operand into the computation it calls and folds
+    it there (a `polygamma(1, x)` of a digamma jvp then rounds otherwise
+    than its program alone does, which takes the 1 as an argument); it
+    sees through no barrier."""
+    if all(isinstance(a, _JaxTracer) for a in args):
+        return args
+    out = []
+    for a in args:
+        if not isinstance(a, _JaxTracer):
+            try:
+                a = jax.lax.optimization_barrier(a)
+            except (TypeError, ValueError):  # not an array (an extended dtype): as it is
+                pass
+        out.append(a)
+    return tuple(out)
 
 
 def _bind_traced(jax_prim, args, params):
