@@ -320,3 +320,31 @@ def test_custom_linear_solve_without_transpose_solve():
              jax.vmap(f, in_axes=(None, 0))(A3, np.stack([V3, 2 * V3])), 1e-8)
     with pytest.raises(fx.MissingRuleError, match="transpose_solve"):
         fx.grad(lambda b: fx.numpy.sum(ff(A3, b)))(V3)
+
+
+_NONLINEAR_OF_FACTORS = {
+    "qr": lambda a: jnp.sum(jnp.sin(jnp.linalg.qr(a)[0])) + jnp.sum(jnp.linalg.qr(a)[1] ** 2),
+    "svd": lambda a: (jnp.sum(jnp.cos(jnp.linalg.svd(a, full_matrices=False)[0]))
+                      + jnp.sum(jnp.linalg.svd(a, full_matrices=False)[1] ** 3)),
+    "eigh": lambda a: (jnp.sum(jnp.sin(jnp.linalg.eigh(a @ a.T)[1]))
+                       + jnp.sum(jnp.linalg.eigh(a @ a.T)[0] ** 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NONLINEAR_OF_FACTORS))
+def test_eager_grad_of_factors_used_nonlinearly(name):
+    """Eagerly (no enclosing jit), JAX's jvp rule of a decomposition is one
+    call taking primals and tangents together; reverse mode must still get
+    the factors as primal values (NOTE [calls in a jvp rule] in
+    interpreters/reverse.py). `sin(q)` of a qr failed with "mul: both
+    operands are linear" before. Repeated calls take the eager caches."""
+    f = _NONLINEAR_OF_FACTORS[name]
+    a = jnp.asarray(RNG.uniform(-1, 1, (3, 2)) + 2 * np.eye(3, 2))
+    batch = jnp.stack([a, a * 0.9, a + 0.1 * np.eye(3, 2)])
+    want, want_b = jax.grad(f)(a), jax.vmap(jax.grad(f))(batch)
+    g, gb = fx.grad(f), fx.vmap(fx.grad(f))
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(g(a)), np.asarray(want), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(gb(batch)), np.asarray(want_b), rtol=1e-10,
+                                   atol=1e-12)
+        fx.caches.wait_for_compiles()

@@ -224,6 +224,46 @@ class _Tape(StagingInterpreter):
     def level(self, value):
         pass
 
+    def process(self, prim, args, params):
+        # NOTE [calls in a jvp rule]
+        # A rule borrowed from JAX (the linalg jvps: `jax.jvp` of the
+        # primitive, a jitted JAX function) stays one `jit_call` eagerly
+        # (NOTE [JAX's jit programs stay calls] in interop.py), taking the
+        # primals and the tangents together and giving the output and its
+        # tangent. Recorded whole, its primal output would be a value of
+        # this tape: unknown, and linear to the transpose, which then failed
+        # on the first nonlinear use of it (`sin(q)` of a qr). So a call
+        # of a graph that mixes this tape's values with others is split
+        # (`_split_call`): the equations that read only the others (the
+        # primals) are one call bound below, run at once as in any rule,
+        # and the rest one call recorded here, reading what the first
+        # computed. A call whose every output reads a tangent (a jvp's
+        # tangent part, the eager engine's backward passes) stays whole.
+        if prim.name == "jit_call" and not _eager_name(params["name"]):
+            mine = tuple(type(a) is StagingTracer and a._interp is self for a in args)
+            if any(mine) and not all(mine):
+                return self._split_call(prim, args, params, mine)
+        return super().process(prim, args, params)
+
+    def _split_call(self, prim, args, params, mine):
+        graph, name = params["graph"], params["name"]
+        split = graph.cache.get(("split by tape", mine))
+        if split is None:
+            split = _split_by_known(graph, mine)
+            if not any(where != 1 for where, _ in split[2][1]):
+                split = False  # every output reads a tangent (a jvp's tangent part): whole
+            graph.cache[("split by tape", mine)] = split
+        if split is False:
+            return super().process(prim, args, params)
+        known, unknown, places = split
+        known_args = [a for a, m in zip(args, mine) if not m]
+        outs = bind(prim, *known_args, graph=known, name=name)
+        staged = super().process(prim, [*outs[places[0]:], *(a for a, m in zip(args, mine) if m)],
+                                 dict(params, graph=unknown))
+        first = outs[:places[0]]
+        return [first[i] if where == 0 else staged[i] if where == 1 else i
+                for where, i in places[1]]
+
     @property
     def thread(self):  # NOTE [escaped tracers]: usable where its owner is
         return self.owner.thread
@@ -272,6 +312,61 @@ class _Tape(StagingInterpreter):
             x = slots[r] if type(r) is int else r
             result.append(StagingTracer(self, x) if type(x) is Var else x.value)
         return result
+
+
+def _split_by_known(graph, unknown_inputs):
+    """`graph` as two graphs (NOTE [calls in a jvp rule]): `known`, of the
+    inputs not marked in `unknown_inputs`, computing every equation that
+    reads none of the marked ones, returning first the outputs of `graph`
+    it computes and then the values the rest reads (residuals); and
+    `unknown`, of those residuals and the marked inputs, computing the
+    rest. Also `(number of known outputs, per output of graph: (0, index)
+    among the known outputs, (1, index) among unknown's, or (2, value) for
+    a constant))`."""
+    unknown = {v for v, m in zip(graph.inputs, unknown_inputs) if m}
+    known_eqns, rest = [], []
+    for eqn in graph.eqns:
+        if any(type(x) is Var and x in unknown for x in eqn.inputs):
+            rest.append(eqn)
+            unknown.update(eqn.outputs)
+        else:
+            known_eqns.append(eqn)
+    # what the rest and the outputs read of the known part
+    read = []
+    seen = set()
+    for x in [x for e in rest for x in e.inputs] :
+        if type(x) is Var and x not in unknown and x not in seen:
+            seen.add(x)
+            read.append(x)
+    known_outs, places = [], []
+    index = {}
+    unknown_outs = []
+    for x in graph.outputs:
+        if type(x) is not Var:
+            places.append((2, x.value))
+        elif x in unknown:
+            places.append((1, len(unknown_outs)))
+            unknown_outs.append(x)
+        else:
+            if x not in index:
+                index[x] = len(known_outs)
+                known_outs.append(x)
+            places.append((0, index[x]))
+    known_inputs = [v for v, m in zip(graph.inputs, unknown_inputs) if not m]
+    known = Graph(known_inputs, known_eqns, known_outs + read)
+    residuals = [Var(v.aval) for v in read]
+    rename = dict(zip(read, residuals))
+    unknown_inputs_vars = [v for v, m in zip(graph.inputs, unknown_inputs) if m]
+    eqns = [Eqn(e.prim, [rename.get(x, x) if type(x) is Var else x for x in e.inputs],
+                e.outputs, e.params) for e in rest]
+    unknown_graph = Graph(residuals + unknown_inputs_vars, eqns, unknown_outs)
+    return known, unknown_graph, (len(known_outs), places)
+
+
+def _eager_name(name):
+    from ..primitives.call import is_eager
+
+    return is_eager(name)
 
 
 def _inline_plan(graph):
