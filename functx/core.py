@@ -47,6 +47,7 @@ from . import caches as _caches
 from .errors import (
     ConcretizationError,
     EscapedTracerError,
+    IndexConcretizationError,
     JaxOnFunctxValueError,
     MissingRuleError,
     describe_user_line,
@@ -686,7 +687,13 @@ class Tracer(jax.Array, metaclass=_TracerMeta):
         return complex(self._concrete())
 
     def __index__(self):
-        return _index(self._concrete())
+        try:
+            value = self._concrete()
+        except IndexConcretizationError:
+            raise
+        except ConcretizationError as e:
+            raise IndexConcretizationError(str(e)) from None
+        return _index(value)
 
     def item(self):
         v = self._concrete()

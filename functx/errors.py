@@ -25,6 +25,7 @@ __all__ = [
     "EscapedTracerError",
     "MissingRuleError",
     "ConcretizationError",
+    "IndexConcretizationError",
     "JaxOnFunctxValueError",
     "EquinoxBatchShapeError",
 ]
@@ -71,6 +72,14 @@ class MissingRuleError(FunctxRuntimeError):
 
 class ConcretizationError(FunctxRuntimeError):
     """A batched value was turned into a Python bool/int/float under vmap."""
+
+
+class IndexConcretizationError(ConcretizationError, TypeError):
+    """A traced value with no concrete value was used as a Python integer
+    index (`operator.index`). Also a `TypeError`, as Python's and JAX's are
+    for a value that is no integer: JAX code that tries for a static
+    integer and falls back (jax.numpy's power with an integer exponent,
+    roll with a shift) takes its traced path on functx values too."""
 
 
 class JaxOnFunctxValueError(FunctxTypeError):

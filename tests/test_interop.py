@@ -476,3 +476,35 @@ def test_custom_rules_through_jax_transforms_keep_their_derivative(rule, wrap):
     if rule != "custom_vjp":  # forward mode of a custom_vjp: JAX has none
         assert close(fx.jvp(loss, (_M,), (jnp.ones_like(_M),)),
                      jax.jvp(loss, (_M,), (jnp.ones_like(_M),)))
+
+
+def test_jax_code_trying_for_a_static_integer_takes_its_traced_path_under_vmap():
+    """jax.numpy's power takes a concrete integer exponent through
+    `operator.index` and catches the TypeError a tracer raises; roll does
+    the same with its shift. A batched functx value used as an index raises
+    IndexConcretizationError, a ConcretizationError that is also a
+    TypeError, so both take their traced path, as under jax.vmap (before:
+    the ConcretizationError escaped)."""
+    import operator
+
+    a = jnp.asarray(np.random.default_rng(3).uniform(0.5, 2.0, (3, 2, 3)))
+    exps = jnp.asarray([[1, 2, 3], [2, 0, 1]], jnp.int32)
+    exps = jnp.stack([exps, exps + 1, exps * 2])
+    shifts = jnp.asarray([1, -2, 3])
+
+    def power(x, n):
+        return jnp.sum(jnp.power(x, n))
+
+    def roll(x, s):
+        return jnp.sum(jnp.sin(jnp.roll(x, s, axis=1)) * jnp.arange(3.0)[None, :])
+
+    for f, b in ((power, exps), (roll, shifts)):
+        assert close(fx.vmap(fx.grad(f))(a, b), jax.vmap(jax.grad(f))(a, b))
+        assert close(fx.vmap(f)(a, b), jax.vmap(f)(a, b))
+
+    def index(s):
+        return operator.index(s)
+
+    with pytest.raises(fx.IndexConcretizationError, match="vmap") as info:
+        fx.vmap(index)(shifts)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, fx.ConcretizationError)
