@@ -334,7 +334,7 @@ def _split_by_known(graph, unknown_inputs):
     # what the rest and the outputs read of the known part
     read = []
     seen = set()
-    for x in [x for e in rest for x in e.inputs] :
+    for x in [x for e in rest for x in e.inputs]:
         if type(x) is Var and x not in unknown and x not in seen:
             seen.add(x)
             read.append(x)
