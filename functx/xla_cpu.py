@@ -174,11 +174,10 @@ def top_level():
 # primitives]) are evaluated the same way, and so is a primitive whose
 # parameters do not hash (its call then is not cached). Loops compiled
 # for eager calls keep their bodies' calls too, as they are when a loop
-# sits in a combined program, and so does the program of a jitted JAX
-# function met eagerly (its `jit_call`, named `jax.jit(...)`), alone and
-# inlined into a combined program alike (XLA optimised it one way alone
-# and another as a call: jnp.nanvar's and spence's gradients changed their
-# last bits once their queue ran as one program). (Which NaN
+# sits in a combined program, and so does a program of a graph the engine
+# runs alone (a jitted JAX function's `jit_call`): its own calls (JAX's
+# unrolled loop iterations) stay calls inside a combined program, and
+# inlined alone they would round otherwise (`jit_by_size`). (Which NaN
 # an operation returns is not fixed either way: NaNs are equal, not their
 # bits.) Measured on the 2-core VM: the same warm speed,
 # 7-25% more compile time (benchmarks/RESULTS.md, "One rounding per
@@ -258,15 +257,17 @@ def _traced_isolated(fn, eager):
 
 
 def jit_by_size(fn, sizes, eager=False):
-    """`jax.jit(fn)`, compiled with `options_for(sizes)` when called at the
-    top level; for one of the eager engine's programs (`eager`), with its
-    primitives kept as calls and XLA's call inliner off (NOTE [one
+    """`jax.jit(fn)`, compiled with `options_for(sizes)` and XLA's call
+    inliner off when called at the top level; for one of the eager engine's
+    programs (`eager`), with its primitives kept as calls (NOTE [one
     rounding per primitive])."""
     fn = _traced_isolated(fn, eager)
     plain = jax.jit(fn)
-    options = options_for(sizes)
-    if eager:
-        options = keep_calls(options)
+    # every program run here keeps its calls, as the eager engine's combined
+    # programs (which may call it) do: XLA's inliner would fuse, say, the
+    # iterations of an unrolled scan that stay calls inside a combined
+    # program, and the program alone would round otherwise than the call
+    options = keep_calls(options_for(sizes))
     if options is None:
         return plain
     tuned = jax.jit(fn, compiler_options=options)
