@@ -259,9 +259,7 @@ class _JitCall:
         if self.callable and interop._eager():
             graph = interop._call_graph(self.closed)
             if graph is not None:
-                from .primitives.call import jax_call_name
-
-                return bind(interop._jit_call(), *vals, graph=graph, name=jax_call_name(self.name))
+                return bind(interop._jit_call(), *vals, graph=graph, name=self.name)
         return None
 
 

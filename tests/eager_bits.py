@@ -93,9 +93,6 @@ def main(programs):
              # its derivative, polygamma(1, .), has a constant operand
              "digamma's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  jax.scipy.special.digamma(fnp.exp(w) + 0.3 + x * x) * 1.3))), X[0]),
-             # a jitted JAX function, one call eagerly
-             "nanvar's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
-                 jnp.nanvar(w * x, axis=1) * 1.3))), X[0]),
              # a jitted JAX function whose program holds calls (an unrolled loop)
              "spence's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  jax.scipy.special.spence(fnp.exp(-w * w) * 0.9 + 0.05 + x * 0.0) * 1.3))), X[0]),

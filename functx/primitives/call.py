@@ -10,10 +10,9 @@ one `jax.jit`-compiled program, compiled once per graph.
 
 import threading
 
-import jax
 import numpy as np
 
-from .. import caches, xla_cpu
+from .. import caches
 from ..interpreters.batching import _rule_context, batch_graph
 from ..interpreters.eval import compiled, defimpl
 from ..interpreters.jvp import jvp_graph
@@ -32,8 +31,6 @@ from .common import (
     transpose_rules,
 )
 
-_JaxTracer = jax.core.Tracer
-
 jit_call = defprim("jit_call", multiple_results=True, cls=GraphCallPrimitive)
 
 
@@ -51,22 +48,6 @@ EAGER_STEP = "eager step"
 def is_eager(name):
     """Is `name` that of such a call, or derived from one?"""
     return EAGER_BACKWARD in name or EAGER_STEP in name
-
-
-# The name (and the names derived from it) of a call of a jitted JAX
-# function met eagerly (NOTE [JAX's jit programs stay calls] in
-# interop.py): `jax.jit(<its name>)`. Its program keeps each primitive
-# apart as the eager engine's programs do, alone and inside a combined
-# program alike (NOTE [one rounding per primitive] in xla_cpu.py): XLA
-# would otherwise optimise it one way compiled alone and another way as a
-# call inside a combined program (jnp.nanvar's gradient changed its last
-# bit once its queue ran as one program).
-def jax_call_name(name):
-    return f"jax.jit({name})"
-
-
-def is_jax_call(name):
-    return "jax.jit(" in name
 
 
 # a backward pass transposes them equation by equation, as the path without
@@ -133,10 +114,6 @@ class _Built:
 def _impl(*args, graph, name):
     if is_eager(name):
         return eval_graph(graph, args)
-    if is_jax_call(name):
-        if getattr(xla_cpu.TRACING, "mode", None) and any(isinstance(a, _JaxTracer) for a in args):
-            return eval_graph(graph, args)  # inside a combined program: its primitives' calls
-        return compiled(graph, f"functx_{name}", eager=True)(*args)
     return compiled(graph)(*args)
 
 
