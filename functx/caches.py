@@ -12,7 +12,9 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
 * **Bounded.** An LRU with a bound in entries and, where entries hold
   compiled programs, in bytes (each program counted for its generated code,
   at least `PROGRAM_BYTES`, what a small program holds in host memory). Counting "seen once" keys (a `RepeatCache` compiles on the N-th
-  sighting) is an LRU of its own, so keys seen once are forgotten.
+  sighting) is an LRU of its own, so keys seen once are forgotten. The
+  per-primitive programs of all primitives share one bound (NOTE [eager
+  programs, bounded process-wide] in interpreters/eval.py).
 * **Weak where the user owns the object.** A staged Graph or a user's
   function that appears in a key (a `jit_call`'s graph parameter, a lifted
   function) is held through a `WeakRef` key part: the cache does not keep
@@ -907,6 +909,25 @@ def cache_info():
     for name, fn in _INFO_HOOKS.items():
         info[name] = fn()
     return info
+
+
+_COMPILE_HOOKS = []  # functions called after each XLA compilation JAX reports
+
+
+def on_compile(hook):
+    """Call `hook()` after every XLA compilation JAX reports (any thread,
+    any program; it must be quick and take no lock JAX may hold)."""
+    if not _COMPILE_HOOKS:
+        import jax
+
+        jax.monitoring.register_event_duration_secs_listener(_compiled)
+    _COMPILE_HOOKS.append(hook)
+
+
+def _compiled(event, secs, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        for hook in _COMPILE_HOOKS:
+            hook()
 
 
 def register(name, clear, info):

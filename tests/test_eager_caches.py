@@ -226,6 +226,53 @@ def test_a_graph_in_a_key_is_held_weakly():
         caches._REGISTRY.pop("test weak cache", None)
 
 
+def test_eager_programs_of_all_primitives_share_one_bound(monkeypatch):
+    """NOTE [eager programs, bounded process-wide]: the per-primitive
+    programs of every primitive, parameter set and argument signature
+    together stay within `PROGRAM_LIMIT` binds and `PROGRAM_BYTE_LIMIT`
+    bytes, results unchanged when a dropped one is compiled again."""
+    from functx.interpreters import eval as ev
+
+    monkeypatch.setattr(ev, "PROGRAM_LIMIT", 6)
+    monkeypatch.setattr(ev, "PROGRAM_BYTE_LIMIT", 10 * caches.PROGRAM_BYTES)
+    fx.clear_caches()
+    ours = fx.grad(lambda v: (fnp.sin(v) * fnp.cos(v)).sum())
+    theirs = jax.grad(lambda v: (jnp.sin(v) * jnp.cos(v)).sum())
+    for n in range(1, 25):  # a new shape per call: the per-primitive programs run
+        x = jnp.linspace(-1.0, 1.0, n)
+        np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(theirs(x)))
+        assert len(ev._PROGRAMS) <= 6
+    info = fx.cache_info()["eager programs"]
+    assert 0 < info["bytes"] <= info["byte_limit"] == 10 * caches.PROGRAM_BYTES
+    assert info["entries"] <= info["limit"] == 6
+
+
+def test_eager_programs_drop_the_oldest_unused_bind_and_free_it(monkeypatch):
+    """Second-chance LRU: a bind called since it was listed outlives older
+    unused ones; a dropped bind (and with it its executables) is freed."""
+    import gc
+    import weakref
+
+    from functx.interpreters import eval as ev
+    from functx.primitives.elementwise import integer_pow_p
+
+    monkeypatch.setattr(ev, "PROGRAM_LIMIT", 4)
+    fx.clear_caches()
+    impl = ev.impl_rules[integer_pow_p]
+    x = jnp.arange(3.0)
+    for y in (2, 3, 4, 5):
+        np.testing.assert_array_equal(np.asarray(impl(x, y=y)), np.asarray(x) ** y)
+    listed = {k[0]: e for k, e in impl.programs.items()}
+    dropped = weakref.ref(listed[(("y", 3),)][0])
+    impl(x, y=2)  # used again: a second chance
+    impl(x, y=6)
+    assert sorted(dict(k[0])["y"] for k in impl.programs) == [2, 4, 5, 6]
+    del listed
+    gc.collect()
+    assert dropped() is None
+    np.testing.assert_array_equal(np.asarray(impl(x, y=3)), np.asarray(x) ** 3)
+
+
 def test_clear_caches_then_results_unchanged():
     g = fx.grad(loss(fnp), argnums=(0, 1))
     before = _bits(g(W, X))

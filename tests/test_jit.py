@@ -305,7 +305,7 @@ def test_large_products_compile_without_ynnpack_on_cpu():
     (params,) = [e.params for e in fx.make_graph(mm)(*big).eqns if e.prim is dot_general_p]
     for args, large in ((small, False), (big, True)):
         close(impl(*args, **params), args[0] @ args[1])
-        program = impl.programs[(tuple(params.items()), True, large)]  # at the top level
+        program = impl.programs[(tuple(params.items()), True, large)][0]  # at the top level
         assert _in_ynn(program.lower(*args).compile().as_text()) is not large
 
 

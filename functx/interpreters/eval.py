@@ -11,6 +11,9 @@ evaluation is a call of that primitive:
   times cheaper than binding the JAX primitive eagerly).
 """
 
+import collections
+import threading
+
 import jax
 
 from .. import caches, xla_cpu
@@ -30,7 +33,7 @@ def lower_to_jax(prim, bind=None):
     own = bind is None
     if own:
         bind = jax_prim.bind
-    compiled = {}  # NOTE [bounded caches]: FIFO, at most PROGRAMS_PER_PRIMITIVE
+    compiled = {}  # key -> [jitted bind, used]: NOTE [eager programs, bounded process-wide]
     sized = prim.name == "dot_general"  # NOTE [XLA:CPU's matrix-product library]
     fusible = prim.name in xla_cpu.FUSIBLE
 
@@ -53,24 +56,25 @@ def lower_to_jax(prim, bind=None):
             top = xla_cpu.top_level()
             key = (tuple(params.items()), top, top and sized and xla_cpu.dot_takes_products_off(
                 args[0], args[1], params["dimension_numbers"]))
-            fn = compiled[key]
+            entry = compiled[key]
+            entry[1] = True
         except KeyError:
             options = None
             if top:
                 options = xla_cpu.keep_calls(xla_cpu.products_off() if key[2] else None)
-            if len(compiled) >= PROGRAMS_PER_PRIMITIVE:
-                del compiled[next(iter(compiled))]
-            fn = compiled[key] = jax.jit(_named_bind(bind, jax_prim.name, params),
-                                         compiler_options=options)
+            entry = _keep(compiled, key, jax.jit(_named_bind(bind, jax_prim.name, params),
+                                                 compiler_options=options))
         except (TypeError, AttributeError):  # unhashable parameters, shapeless args: no cache
             if not top and getattr(_tracing, "mode", None) == "calls":  # still its own call
                 return jax.jit(_named_bind(bind, jax_prim.name, params))(*args)
             return bind(*args, **params)
-        return fn(*args)
+        out = entry[0](*args)
+        if _audit_due[0]:
+            _bound()
+        return out
 
-    impl.programs = compiled  # parameters (and for dot_general: large?) -> jitted bind
+    impl.programs = compiled  # parameters (and for dot_general: large?) -> [jitted bind, used]
     impl_rules[prim] = impl
-    _PROGRAMS.append(compiled)
     return impl
 
 
@@ -121,8 +125,109 @@ def bind_varying(jax_prim, args, params):
     return jax_prim.bind(*fixed, **params)
 
 
-PROGRAMS_PER_PRIMITIVE = 512  # distinct parameter sets per primitive
-_PROGRAMS = []  # the `programs` dict of every primitive lowered here
+# NOTE [eager programs, bounded process-wide]
+# An eager primitive on concrete arrays runs a jax.jit of its bind, one per
+# primitive and parameter set, which compiles one executable per argument
+# signature (as JAX's own eager mode does). Each executable holds about
+# `caches.PROGRAM_BYTES` of host memory (1.4 MB and three memory mappings
+# for a small one with jax 0.10 on XLA:CPU), so a process meeting many
+# primitives, parameters and shapes (a sweep over an op table, many batch
+# sizes) grew without bound: a bound per primitive still allowed about
+# 100,000 programs, and one such process reached 5 GB and 45,000 mappings
+# (the kernel refuses past 65,530, and LLVM then fails to compile). So the
+# programs of all primitives share one bound: at most `PROGRAM_LIMIT`
+# jitted binds holding at most `PROGRAM_BYTE_LIMIT` bytes of executables,
+# each counted for `caches.PROGRAM_BYTES` (XLA:CPU reports no code size).
+# Eviction is second-chance LRU (a clock): every bind is listed in the
+# order it was made, a call of a listed bind marks it used (one store, the
+# only cost a cached call pays), and past a bound the oldest unmarked bind
+# is dropped, a marked one unmarked and moved to the end. The executables
+# of all binds are counted (`_cache_size()`, a C++ call) when a new bind
+# takes the running count past a bound and, for new argument signatures of
+# binds already made, at the next eager primitive after every
+# `_AUDIT_EVERY` compilations JAX reports (`caches.on_compile`). A dropped bind is compiled again if its primitive and
+# parameters come back; its executables go with it (JAX holds them weakly
+# through the bind's function).
+
+PROGRAM_LIMIT = 2048  # jitted binds (primitive, parameters), all primitives together
+PROGRAM_BYTE_LIMIT = 1 << 30  # their executables, `caches.PROGRAM_BYTES` each at least
+_AUDIT_EVERY = 16  # JAX compilations between counts of the executables
+
+_PROGRAMS = collections.deque()  # (programs dict, key), oldest first: the clock
+_lock = threading.Lock()
+_audit_due = [False]  # set after `_AUDIT_EVERY` compilations
+_compiles = [0]
+_counted = [0]  # executables at the last count
+
+
+def _keep(programs, key, fn):
+    """List a new bind (unmarked) and keep the bounds."""
+    with _lock:
+        entry = programs.get(key)
+        if entry is not None:  # another thread made it meanwhile
+            return entry
+        entry = programs[key] = [fn, False]
+        _PROGRAMS.append((programs, key))
+        _counted[0] += 1
+        over = (len(_PROGRAMS) > PROGRAM_LIMIT
+                or _counted[0] > PROGRAM_BYTE_LIMIT // caches.PROGRAM_BYTES)
+    if over:
+        _bound()
+    return entry
+
+
+def _executables(entry):
+    try:
+        return max(1, entry[0]._cache_size())
+    except Exception:  # noqa: BLE001 - a bind without JAX's C++ cache: one program
+        return 1
+
+
+def _bound():
+    """Count the executables and drop binds, second-chance LRU, until both
+    bounds hold (NOTE [eager programs, bounded process-wide])."""
+    with _lock:
+        _audit_due[0] = False
+        _compiles[0] = 0
+        sizes = {}
+        total = 0
+        for programs, key in _PROGRAMS:
+            entry = programs.get(key)
+            if entry is not None:
+                sizes[id(entry)] = n = _executables(entry)
+                total += n
+        limit = max(1, PROGRAM_BYTE_LIMIT // caches.PROGRAM_BYTES)
+        turns = 2 * len(_PROGRAMS)
+        while _PROGRAMS and (len(_PROGRAMS) > PROGRAM_LIMIT or total > limit) and turns:
+            turns -= 1
+            programs, key = _PROGRAMS.popleft()
+            entry = programs.get(key)
+            if entry is None:
+                continue
+            if entry[1]:  # used since its last turn: a second chance
+                entry[1] = False
+                _PROGRAMS.append((programs, key))
+                continue
+            del programs[key]
+            total -= sizes.get(id(entry), 1)
+        _counted[0] = total
+
+
+def _on_compile():
+    _compiles[0] += 1
+    if _compiles[0] >= _AUDIT_EVERY:
+        _audit_due[0] = True
+
+
+caches.on_compile(_on_compile)
+
+
+def _clear():
+    with _lock:
+        for programs, _ in _PROGRAMS:
+            programs.clear()
+        _PROGRAMS.clear()
+        _counted[0] = 0
 
 
 def _named_bind(bind, name, params):
@@ -133,12 +238,15 @@ def _named_bind(bind, name, params):
     return program
 
 
-caches.register(
-    "eager programs",
-    lambda: [d.clear() for d in _PROGRAMS],
-    lambda: {"entries": sum(len(d) for d in _PROGRAMS),
-             "limit": PROGRAMS_PER_PRIMITIVE * len(_PROGRAMS),
-             "doc": "one jitted program per primitive and parameter set (FIFO per primitive)"})
+def _info():
+    _bound()
+    return {"entries": len(_PROGRAMS), "limit": PROGRAM_LIMIT,
+            "bytes": _counted[0] * caches.PROGRAM_BYTES, "byte_limit": PROGRAM_BYTE_LIMIT,
+            "doc": "one jitted bind per primitive and parameter set, one executable per "
+                   "argument signature, all primitives together (second-chance LRU)"}
+
+
+caches.register("eager programs", _clear, _info)
 
 
 def defimpl(prim, fn):
