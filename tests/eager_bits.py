@@ -82,6 +82,11 @@ def borrowed_product():
     return lambda w, x: fnp.sum(fnp.tanh(prim.bind(w, x) + w * 0.5))
 
 
+def _svd_loss(w, x):
+    u, s, _ = jnp.linalg.svd(w[:4, :3] + 0.5 * x[:4, :3], full_matrices=False)
+    return jnp.sum(jnp.sin(s * 1.3)) + jnp.sum(jnp.sin(jnp.abs(u) * 1.3))
+
+
 def main(programs):
     borrowed = borrowed_product()
     cases = {  # jax 0.12's jnp.tanh is a jitted one-equation JAX function; first, while
@@ -96,7 +101,10 @@ def main(programs):
              # a jitted JAX function whose program holds calls (an unrolled loop)
              "spence's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  jax.scipy.special.spence(fnp.exp(-w * w) * 0.9 + 0.05 + x * 0.0) * 1.3))), X[0]),
-             "vmap(grad) of a borrowed JAX primitive": (fx.vmap(fx.grad(borrowed), in_dims=(None, 0)), X)}
+             "vmap(grad) of a borrowed JAX primitive": (fx.vmap(fx.grad(borrowed), in_dims=(None, 0)), X),
+             # JAX's jvp rule, one call mixing primals and tangents (NOTE [calls in a jvp rule])
+             "svd's gradient": (fx.grad(_svd_loss), X[0]),
+             "vmap(grad) of svd": (fx.vmap(fx.grad(_svd_loss), in_dims=(None, 0)), X)}
     for seed in range(programs):
         name, case = list(transforms(random_program(seed)).items())[seed % 3]
         cases[f"{name} of random program {seed}"] = case

@@ -236,9 +236,14 @@ class _Tape(StagingInterpreter):
         # of a graph that mixes this tape's values with others is split
         # (`_split_call`): the equations that read only the others (the
         # primals) are one call bound below, run at once as in any rule,
-        # and the rest one call recorded here, reading what the first
-        # computed. A call whose every output reads a tangent (a jvp's
-        # tangent part, the eager engine's backward passes) stays whole.
+        # and the rest is recorded here equation by equation, reading what
+        # the first computed, as a repeated step records the same rule's
+        # tangent part (`fused_step`). (Recorded as one call, its transpose
+        # was one program that XLA optimised whole, so the first call
+        # rounded otherwise than the later ones: svd's gradient changed its
+        # last bit from the second call on.) A call whose every output
+        # reads a tangent (a jvp's tangent part, the eager engine's
+        # backward passes) stays whole.
         if prim.name == "jit_call" and not _eager_name(params["name"]):
             mine = tuple(type(a) is StagingTracer and a._interp is self for a in args)
             if any(mine) and not all(mine):
@@ -258,8 +263,7 @@ class _Tape(StagingInterpreter):
         known, unknown, places = split
         known_args = [a for a, m in zip(args, mine) if not m]
         outs = bind(prim, *known_args, graph=known, name=name)
-        staged = super().process(prim, [*outs[places[0]:], *(a for a, m in zip(args, mine) if m)],
-                                 dict(params, graph=unknown))
+        staged = self.inline(unknown, [*outs[places[0]:], *(a for a, m in zip(args, mine) if m)])
         first = outs[:places[0]]
         return [first[i] if where == 0 else staged[i] if where == 1 else i
                 for where, i in places[1]]
