@@ -155,6 +155,23 @@ def _call_graph(closed):
     return entry[1]
 
 
+def _register_caches():
+    from . import caches
+
+    caches.register(  # NOTE [bounded caches]
+        "jax call graphs", _CALL_GRAPHS.clear,
+        lambda: {"entries": len(_CALL_GRAPHS), "limit": _CALL_GRAPHS_LIMIT,
+                 "doc": "the staged graph of each jitted JAX function met eagerly (FIFO), "
+                        "with its compiled and derived programs"})
+    caches.register(
+        "jax call replays", _PROGRAMS.clear,
+        lambda: {"entries": len(_PROGRAMS), "limit": _PROGRAMS_LIMIT,
+                 "doc": "replays of the jaxprs of JAX calls met on functx values"})
+
+
+_register_caches()
+
+
 def _one_primitive(jaxpr):
     """Whether a jaxpr is one equation of a primitive functx defines (not
     a call or loop holding a program of its own)."""

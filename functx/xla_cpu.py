@@ -282,6 +282,7 @@ def jit_by_size(fn, sizes, eager=False):
 
     call.lower = lambda *args: (tuned if top_level() else plain).lower(*args)
     call.trace = lambda *args: (tuned if top_level() else plain).trace(*args)
+    call.cache_size = lambda: plain._cache_size() + tuned._cache_size()  # executables held
     return call
 
 

@@ -247,6 +247,42 @@ def test_eager_programs_of_all_primitives_share_one_bound(monkeypatch):
     assert info["entries"] <= info["limit"] == 6
 
 
+def test_programs_of_calls_run_on_arrays_share_the_bound(monkeypatch):
+    """Jitted JAX functions met eagerly run their graphs' programs (one per
+    graph, derived graphs included): listed under the same bound, holding
+    the graphs weakly, and made again when needed again."""
+    import gc
+    import weakref
+
+    from functx.interpreters import eval as ev
+
+    monkeypatch.setattr(ev, "PROGRAM_LIMIT", 3)
+    fx.clear_caches()
+    x = jnp.linspace(-1.0, 1.0, 5)
+    fns = [jax.jit(lambda v, k=k: jnp.sin(v * (k + 1.5)) * v) for k in range(6)]
+    for _ in range(2):
+        for jf in fns:
+            got = fx.grad(lambda v: jf(v).sum())(x)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.grad(lambda v: jf(v).sum())(x)))
+            assert len(ev._PROGRAMS) <= 3
+    graphs = [h() for h, key in ev._PROGRAMS if key == ev.CALL_PROGRAM]
+    assert graphs and all(g is not None and ev.CALL_PROGRAM in g.cache for g in graphs)
+    del graphs
+    # the listing holds a graph weakly: one dropped leaves it at the next count
+    from functx.interpreters.staging import Graph
+
+    graph = Graph([], [], [])
+    ev.keep_call_program(graph, lambda: [])
+    ref = weakref.ref(graph)
+    del graph
+    gc.collect()
+    ev._bound()
+    assert ref() is None and all(h is not None for h, _ in ev._PROGRAMS)
+    assert all(not isinstance(h, weakref.ref) or h() is not None for h, _ in ev._PROGRAMS)
+    fx.clear_caches()
+    assert not ev._PROGRAMS
+
+
 def test_eager_programs_drop_the_oldest_unused_bind_and_free_it(monkeypatch):
     """Second-chance LRU: a bind called since it was listed outlives older
     unused ones; a dropped bind (and with it its executables) is freed."""

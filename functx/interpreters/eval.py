@@ -13,6 +13,7 @@ evaluation is a call of that primitive:
 
 import collections
 import threading
+import weakref
 
 import jax
 
@@ -128,32 +129,38 @@ def bind_varying(jax_prim, args, params):
 # NOTE [eager programs, bounded process-wide]
 # An eager primitive on concrete arrays runs a jax.jit of its bind, one per
 # primitive and parameter set, which compiles one executable per argument
-# signature (as JAX's own eager mode does). Each executable holds about
-# `caches.PROGRAM_BYTES` of host memory (1.4 MB and three memory mappings
-# for a small one with jax 0.10 on XLA:CPU), so a process meeting many
-# primitives, parameters and shapes (a sweep over an op table, many batch
-# sizes) grew without bound: a bound per primitive still allowed about
-# 100,000 programs, and one such process reached 5 GB and 45,000 mappings
-# (the kernel refuses past 65,530, and LLVM then fails to compile). So the
-# programs of all primitives share one bound: at most `PROGRAM_LIMIT`
-# jitted binds holding at most `PROGRAM_BYTE_LIMIT` bytes of executables,
-# each counted for `caches.PROGRAM_BYTES` (XLA:CPU reports no code size).
-# Eviction is second-chance LRU (a clock): every bind is listed in the
-# order it was made, a call of a listed bind marks it used (one store, the
-# only cost a cached call pays), and past a bound the oldest unmarked bind
-# is dropped, a marked one unmarked and moved to the end. The executables
-# of all binds are counted (`_cache_size()`, a C++ call) when a new bind
-# takes the running count past a bound and, for new argument signatures of
-# binds already made, at the next eager primitive after every
-# `_AUDIT_EVERY` compilations JAX reports (`caches.on_compile`). A dropped bind is compiled again if its primitive and
-# parameters come back; its executables go with it (JAX holds them weakly
-# through the bind's function).
+# signature (as JAX's own eager mode does); a `jit_call` run on arrays (a
+# jitted JAX function met eagerly, the graphs derived from it, a
+# `functx.jit` under an eager transform) runs the program of its graph,
+# one per graph. Each executable holds about `caches.PROGRAM_BYTES` of host
+# memory (1.4 MB and three memory mappings for a small one with jax 0.10
+# on XLA:CPU), so a process meeting many primitives, parameters, functions
+# and shapes (a sweep over an op table, many batch sizes) grew without
+# bound: a bound per primitive still allowed about 100,000 programs, and
+# one such process reached 5.6 GB and 58,000 mappings (the kernel refuses
+# past 65,530, and LLVM then fails to compile). So all these programs
+# share one bound: at most `PROGRAM_LIMIT` jitted binds and call programs
+# holding at most `PROGRAM_BYTE_LIMIT` bytes of executables, each counted
+# for `caches.PROGRAM_BYTES` (XLA:CPU reports no code size). Eviction is
+# second-chance LRU (a clock): every program is listed in the order it was
+# made (a call's graph held weakly), a call of a listed program marks it
+# used (one store, the only cost a cached call pays), and past a bound the
+# oldest unmarked program is dropped, a marked one unmarked and moved to
+# the end. The executables of all listed programs are counted
+# (`_cache_size()`, a C++ call) when a new program takes the running count
+# past a bound and, for new argument signatures of programs already made,
+# at the next eager primitive after every `_AUDIT_EVERY` compilations JAX
+# reports (`caches.on_compile`). A dropped program is compiled again if it
+# is needed again; its executables go with it (JAX holds them weakly
+# through the program's function). The combined programs of the eager
+# engine and its backward passes are bounded by their own caches (NOTE
+# [bounded caches] in caches.py).
 
 PROGRAM_LIMIT = 2048  # jitted binds (primitive, parameters), all primitives together
 PROGRAM_BYTE_LIMIT = 1 << 30  # their executables, `caches.PROGRAM_BYTES` each at least
 _AUDIT_EVERY = 16  # JAX compilations between counts of the executables
 
-_PROGRAMS = collections.deque()  # (programs dict, key), oldest first: the clock
+_PROGRAMS = collections.deque()  # (programs dict or weakref to a graph, key), oldest first
 _lock = threading.Lock()
 _audit_due = [False]  # set after `_AUDIT_EVERY` compilations
 _compiles = [0]
@@ -176,10 +183,48 @@ def _keep(programs, key, fn):
     return entry
 
 
+def keep_call_program(graph, fn):
+    """List `fn`, the program a `jit_call` of `graph` runs on concrete
+    arrays (`compiled(graph)`), under the same bound, holding the graph
+    weakly: dropped, the graph's program is made again at its next call."""
+    with _lock:
+        entry = graph.cache.get(CALL_PROGRAM)
+        if entry is not None:
+            return entry
+        entry = graph.cache[CALL_PROGRAM] = [fn, False]
+        _PROGRAMS.append((weakref.ref(graph), CALL_PROGRAM))
+        _counted[0] += 1
+        over = (len(_PROGRAMS) > PROGRAM_LIMIT
+                or _counted[0] > PROGRAM_BYTE_LIMIT // caches.PROGRAM_BYTES)
+    if over:
+        _bound()
+    return entry
+
+
+CALL_PROGRAM = "call program"  # graph.cache key of a listed call's program: [fn, used]
+
+
+def _container(holder):
+    """The dict an entry of the clock lives in: a primitive's programs, or
+    the cache of a graph still alive (None once it died)."""
+    if type(holder) is dict:
+        return holder
+    graph = holder()
+    return graph.cache if graph is not None else None
+
+
+def _drop(programs, key):
+    del programs[key]
+    if key == CALL_PROGRAM:  # the graph's own reference to the same program
+        programs.pop("compiled", None)
+
+
 def _executables(entry):
+    fn = entry[0]
     try:
-        return max(1, entry[0]._cache_size())
-    except Exception:  # noqa: BLE001 - a bind without JAX's C++ cache: one program
+        size = fn._cache_size() if hasattr(fn, "_cache_size") else fn.cache_size()
+        return max(1, size)
+    except Exception:  # noqa: BLE001 - a program without JAX's C++ cache: one program
         return 1
 
 
@@ -191,24 +236,30 @@ def _bound():
         _compiles[0] = 0
         sizes = {}
         total = 0
-        for programs, key in _PROGRAMS:
-            entry = programs.get(key)
-            if entry is not None:
+        live = []
+        for holder, key in _PROGRAMS:
+            programs = _container(holder)
+            entry = programs.get(key) if programs is not None else None
+            if entry is not None:  # (else dropped with its graph, or cleared)
+                live.append((holder, key))
                 sizes[id(entry)] = n = _executables(entry)
                 total += n
+        _PROGRAMS.clear()
+        _PROGRAMS.extend(live)
         limit = max(1, PROGRAM_BYTE_LIMIT // caches.PROGRAM_BYTES)
         turns = 2 * len(_PROGRAMS)
         while _PROGRAMS and (len(_PROGRAMS) > PROGRAM_LIMIT or total > limit) and turns:
             turns -= 1
-            programs, key = _PROGRAMS.popleft()
-            entry = programs.get(key)
+            holder, key = _PROGRAMS.popleft()
+            programs = _container(holder)
+            entry = programs.get(key) if programs is not None else None
             if entry is None:
                 continue
             if entry[1]:  # used since its last turn: a second chance
                 entry[1] = False
-                _PROGRAMS.append((programs, key))
+                _PROGRAMS.append((holder, key))
                 continue
-            del programs[key]
+            _drop(programs, key)
             total -= sizes.get(id(entry), 1)
         _counted[0] = total
 
@@ -224,8 +275,10 @@ caches.on_compile(_on_compile)
 
 def _clear():
     with _lock:
-        for programs, _ in _PROGRAMS:
-            programs.clear()
+        for holder, key in _PROGRAMS:
+            programs = _container(holder)
+            if programs is not None and key in programs:
+                _drop(programs, key)
         _PROGRAMS.clear()
         _counted[0] = 0
 
@@ -242,8 +295,9 @@ def _info():
     _bound()
     return {"entries": len(_PROGRAMS), "limit": PROGRAM_LIMIT,
             "bytes": _counted[0] * caches.PROGRAM_BYTES, "byte_limit": PROGRAM_BYTE_LIMIT,
-            "doc": "one jitted bind per primitive and parameter set, one executable per "
-                   "argument signature, all primitives together (second-chance LRU)"}
+            "doc": "one jitted bind per primitive and parameter set and one program per "
+                   "call graph run on arrays, one executable per argument signature, all "
+                   "together (second-chance LRU)"}
 
 
 caches.register("eager programs", _clear, _info)

@@ -12,9 +12,9 @@ import threading
 
 import numpy as np
 
-from .. import caches
+from .. import caches, xla_cpu
 from ..interpreters.batching import _rule_context, batch_graph
-from ..interpreters.eval import compiled, defimpl
+from ..interpreters.eval import CALL_PROGRAM, compiled, defimpl, keep_call_program
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import inlined_calls, transpose_graph
 from ..interpreters.staging import eval_graph
@@ -114,7 +114,16 @@ class _Built:
 def _impl(*args, graph, name):
     if is_eager(name):
         return eval_graph(graph, args)
-    return compiled(graph)(*args)
+    if not xla_cpu.top_level():  # a call inside the program being traced
+        return compiled(graph)(*args)
+    # run on arrays: its program is listed under the bound of NOTE [eager
+    # programs, bounded process-wide] in interpreters/eval.py
+    entry = graph.cache.get(CALL_PROGRAM)
+    if entry is None:
+        entry = keep_call_program(graph, compiled(graph))
+    else:
+        entry[1] = True
+    return entry[0](*args)
 
 
 defimpl(jit_call, _impl)
