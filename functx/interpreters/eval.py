@@ -167,14 +167,17 @@ _compiles = [0]
 _counted = [0]  # executables at the last count
 
 
-def _keep(programs, key, fn):
-    """List a new bind (unmarked) and keep the bounds."""
+def _keep(holder, key, fn):
+    """List a new program (unmarked) under `key` of `holder` (a primitive's
+    programs, or a weak reference to a graph: its cache), and keep the
+    bounds."""
+    programs = _container(holder)
     with _lock:
         entry = programs.get(key)
         if entry is not None:  # another thread made it meanwhile
             return entry
         entry = programs[key] = [fn, False]
-        _PROGRAMS.append((programs, key))
+        _PROGRAMS.append((holder, key))
         _counted[0] += 1
         over = (len(_PROGRAMS) > PROGRAM_LIMIT
                 or _counted[0] > PROGRAM_BYTE_LIMIT // caches.PROGRAM_BYTES)
@@ -187,18 +190,7 @@ def keep_call_program(graph, fn):
     """List `fn`, the program a `jit_call` of `graph` runs on concrete
     arrays (`compiled(graph)`), under the same bound, holding the graph
     weakly: dropped, the graph's program is made again at its next call."""
-    with _lock:
-        entry = graph.cache.get(CALL_PROGRAM)
-        if entry is not None:
-            return entry
-        entry = graph.cache[CALL_PROGRAM] = [fn, False]
-        _PROGRAMS.append((weakref.ref(graph), CALL_PROGRAM))
-        _counted[0] += 1
-        over = (len(_PROGRAMS) > PROGRAM_LIMIT
-                or _counted[0] > PROGRAM_BYTE_LIMIT // caches.PROGRAM_BYTES)
-    if over:
-        _bound()
-    return entry
+    return _keep(weakref.ref(graph), CALL_PROGRAM, fn)
 
 
 CALL_PROGRAM = "call program"  # graph.cache key of a listed call's program: [fn, used]
