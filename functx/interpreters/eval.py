@@ -146,7 +146,7 @@ def bind_varying(jax_prim, args, params):
 # made (a call's graph held weakly), a call of a listed program marks it
 # used (one store, the only cost a cached call pays), and past a bound the
 # oldest unmarked program is dropped, a marked one unmarked and moved to
-# the end. The executables of all listed programs are counted
+# the end, down to seven eighths of the bound. The executables of all listed programs are counted
 # (`_cache_size()`, a C++ call) when a new program takes the running count
 # past a bound and, for new argument signatures of programs already made,
 # at the next eager primitive after every `_AUDIT_EVERY` compilations JAX
@@ -239,8 +239,15 @@ def _bound():
         _PROGRAMS.clear()
         _PROGRAMS.extend(live)
         limit = max(1, PROGRAM_BYTE_LIMIT // caches.PROGRAM_BYTES)
+        if len(_PROGRAMS) <= PROGRAM_LIMIT and total <= limit:
+            _counted[0] = total
+            return
+        # over a bound: down to 7/8 of each, so that the next count (a walk
+        # over every program) comes an eighth of the bound later, not at
+        # every new program
+        entries, limit = PROGRAM_LIMIT - PROGRAM_LIMIT // 8, limit - limit // 8
         turns = 2 * len(_PROGRAMS)
-        while _PROGRAMS and (len(_PROGRAMS) > PROGRAM_LIMIT or total > limit) and turns:
+        while _PROGRAMS and (len(_PROGRAMS) > entries or total > limit) and turns:
             turns -= 1
             holder, key = _PROGRAMS.popleft()
             programs = _container(holder)
