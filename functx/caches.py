@@ -52,7 +52,9 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   the thread compiles the newest submissions first: while
   the thread is behind, calls move past the queue structures of a warm-up as
   steps land, and compiling those would keep it behind and keep programs no
-  call runs. A key met again is counted and submitted anew.
+  call runs. A key met again is counted and submitted anew. And a
+  structure built of steps met while steps are being staged is held back
+  (`HOLD_CALLS`): it is likely one the calls leave once the steps land.
 * **Under the caller's JAX options.** See NOTE [JAX options off the
   calling thread] below.
 
@@ -269,10 +271,14 @@ class RepeatCache(Cache):
         self.stale_calls = stale_calls
         self.tick = 0  # lookups that found no value
         self.asked = {}  # pending key -> (tick, calls_begun) of its latest lookup
+        self.held = {}  # key held back by `get(hold=True)` -> calls_begun then
 
-    def get(self, key, build):
+    def get(self, key, build, hold=False):
         """The built value for `key` under the JAX options in force, or None;
-        raises TypeError when the key is not hashable."""
+        raises TypeError when the key is not hashable. With `hold`, a key
+        seen often enough is built only once it is still met `HOLD_CALLS`
+        transform calls after the first held sighting, or at a sighting
+        without `hold` (see `HOLD_CALLS`)."""
         key = (key, options_id())  # NOTE [JAX options off the calling thread]
         value = self.entries.get(key, _MISSING)
         if value is not _MISSING:
@@ -300,7 +306,17 @@ class RepeatCache(Cache):
             if len(counts) > self.count_limit:
                 counts.popitem(last=False)
             return None
+        if hold and BACKGROUND:  # see `HOLD_CALLS`
+            held = self.held
+            first = held.get(key)
+            if first is None:
+                held[weak_key_part(key)] = first = calls_begun
+                if len(held) > self.count_limit:
+                    held.pop(next(iter(held)))
+            if calls_begun - first < HOLD_CALLS:
+                return None
         counts.pop(key, None)
+        self.held.pop(key, None)
         if not BACKGROUND:
             value, compile_fn = build()
             self.put(key, value, 0 if value is None or compile_fn is None
@@ -355,6 +371,7 @@ class RepeatCache(Cache):
     def clear(self):
         super().clear()
         self.counts.clear()
+        self.held.clear()
         self.pending.clear()
         self.asked.clear()
 
@@ -373,6 +390,20 @@ class RepeatCache(Cache):
 # those would keep the thread behind (each new structure is met twice while
 # it waits) and keep programs no call runs.
 _STALE = (None, 0)
+
+# Held back while steps are staged. A structure built of steps (the deferred
+# queue's) may be met twice within one call while the steps it is made of
+# are still being staged: at a new batch size, the second call's two hidden
+# layers each flushed the same two batched steps, because the fused step of
+# the `tanh` after them was not staged yet. Compiled, that program served
+# no later call (the third call's queue already held the fused steps) and
+# cost a compilation and its memory at every new size. So a lookup made
+# while a staging build is waiting or running (`staging()`) passes `hold`:
+# the key is built at the next sighting with no staging in flight, or
+# once it is still met `HOLD_CALLS` transform calls after it was first held
+# (a loop whose calls each stage something new is not kept from its
+# programs).
+HOLD_CALLS = 2
 
 
 def _build_and_compile(build):
@@ -540,6 +571,7 @@ class _CompileThread:
         self._order = itertools.count()
         self._heap = []
         self._cv = threading.Condition()
+        self.staging_jobs = 0  # jobs of priority STAGING submitted and not finished
         self._stopped = False
         register = getattr(threading, "_register_atexit", None)
         self._thread = threading.Thread(target=self._run, name="functx-compile",
@@ -555,6 +587,8 @@ class _CompileThread:
             # compilations newest first (see `COMPILING`), the rest in order
             self._push(self._heap, (priority, -order if priority == COMPILING else order,
                                     future, fn))
+            if priority == STAGING:
+                self.staging_jobs += 1
             self._cv.notify()
         return future
 
@@ -564,6 +598,7 @@ class _CompileThread:
             for _, _, future, _ in self._heap:
                 future.cancel()
             self._heap.clear()
+            self.staging_jobs = 0
             self._cv.notify()
 
     def _run(self):
@@ -574,6 +609,7 @@ class _CompileThread:
                 _monitor_per_equation()
             except Exception:  # noqa: BLE001 - only a courtesy to the calls: go on without
                 pass
+        compiled = False  # a compilation ran since the heap was last released
         while True:
             if idle_collection.due():
                 idle_collection.run()
@@ -590,15 +626,69 @@ class _CompileThread:
                     return
                 if not self._heap:
                     continue
-                _, _, future, fn = self._pop(self._heap)
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn()
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
-                future.set_exception(e)
-            else:
-                future.set_result(result)
+                priority, _, future, fn = self._pop(self._heap)
+            compiled = compiled or priority == COMPILING
+            run = future.set_running_or_notify_cancel()
+            result = error = None
+            if run:
+                try:
+                    result = fn()
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                    error = e
+            if priority == STAGING:
+                with self._cv:
+                    self.staging_jobs -= 1
+            if compiled and not self._heap:  # before `wait_for_compiles` returns
+                compiled = release_heap()
+            if run:
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+            result = error = None
+
+
+# NOTE [the compile thread's heap]
+# XLA's compilation allocates tens of megabytes that it frees when done
+# (LLVM's and XLA's passes; the program keeps a few). Freed, they stay in
+# the allocator's heap of the thread that compiled, and glibc returns a
+# thread's heap to the system only from its top: the compile thread's
+# heaps, where little else is allocated, kept 5-20 MB per queue program
+# compiled at a new batch size (benchmarks/batch_sizes.py, RSS after the
+# compile against after `malloc_trim`). JAX compiles on the calling thread,
+# whose main heap glibc trims as it frees. So once the compile thread has
+# compiled and has nothing left to do, it asks glibc to return the free
+# pages of every heap (`malloc_trim(0)`: a walk over the free lists, about
+# a millisecond for a few hundred megabytes, without the GIL). Elsewhere
+# (another C library) nothing is done.
+def _heap_trimmer():
+    try:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+    if trim is not None:
+        trim.argtypes = [ctypes.c_size_t]
+        trim.restype = ctypes.c_int
+    return trim
+
+
+_trim = _heap_trimmer() if sys.platform.startswith("linux") else None
+heap_releases = [0, 0.0]  # times the compile thread released its heap, seconds spent
+
+
+def release_heap():
+    """Return the allocator's free pages to the system (NOTE [the compile
+    thread's heap]); nothing without glibc's `malloc_trim`."""
+    if _trim is not None:
+        t0 = time.perf_counter()
+        _trim(0)
+        heap_releases[0] += 1
+        heap_releases[1] += time.perf_counter() - t0
+    return False
 
 
 def _calls_running():
@@ -743,6 +833,14 @@ def _submit(compile_fn, priority=COMPILING):
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL)
     return _executor.submit(lambda: _counted(compile_fn, options), priority)
+
+
+def staging():
+    """Whether a build that stages (a fused or batched step, a staged
+    backward pass, a graph derived from a call) is waiting for the compile
+    thread or running on it: the steps the calls queue are about to change
+    (see `HOLD_CALLS`)."""
+    return getattr(_executor, "staging_jobs", 0) > 0
 
 
 def submit(fn, priority=STAGING):

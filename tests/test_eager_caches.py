@@ -447,6 +447,109 @@ def test_a_new_batch_size_compiles_a_few_programs_not_one_per_step():
         assert caches.cache_info()[name]["bytes"] == 0, f"{name} hold compiled programs"
 
 
+def test_a_new_batch_size_compiles_one_queue_program_not_those_of_its_warm_up():
+    """At a new batch size, the hidden layers of an MLP of equal widths each
+    flushed the same two batched steps while the fused step of the `tanh`
+    after them was being staged: that structure, met twice within one call,
+    was compiled and never run again (two queue programs per size, the
+    first size five). Held back while staging builds are in flight
+    (`caches.HOLD_CALLS`), each size compiles the one program its calls
+    run."""
+    if not caches.BACKGROUND:
+        pytest.skip("FUNCTX_BACKGROUND_COMPILE=0: nothing is staged in the background")
+
+    def mlp(p, x, y):
+        h = x
+        for w, b in p[:-1]:
+            h = fnp.tanh(h @ w + b)
+        w, b = p[-1]
+        return -fnp.sum(y * fx.nn.log_softmax(h @ w + b))
+
+    def jax_mlp(p, x, y):
+        h = x
+        for w, b in p[:-1]:
+            h = jnp.tanh(h @ w + b)
+        w, b = p[-1]
+        return -jnp.sum(y * jax.nn.log_softmax(h @ w + b))
+
+    r = np.random.default_rng(7)
+    params = [(jnp.asarray(r.normal(size=(m, n)) * 0.3), jnp.asarray(r.normal(size=n) * 0.1))
+              for m, n in ((4, 8), (8, 8), (8, 3))]
+    per_sample = fx.vmap(fx.grad(mlp), in_dims=(None, 0, 0))
+
+    def programs():
+        caches.wait_for_compiles()
+        deferred._programs._collect()
+        return caches.cache_info()["deferred steps"]["entries"]
+
+    compiles = []
+    for b in (9, 10, 11):
+        before = programs()
+        x, y = jnp.asarray(r.normal(size=(b, 4))), jnp.eye(3)[np.arange(b) % 3]
+        for _ in range(7):
+            out = per_sample(params, x, y)
+            caches.wait_for_compiles()
+        want = jax.vmap(jax.grad(jax_mlp), in_axes=(None, 0, 0))(params, x, y)
+        for (gw, gb), (ww, wb) in zip(out, want):
+            np.testing.assert_allclose(gw, ww, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(gb, wb, rtol=1e-10, atol=1e-12)
+        compiles.append(programs() - before)
+    assert compiles[1:] == [1, 1], compiles
+
+
+def test_a_key_met_while_steps_are_staged_is_built_later_or_after_some_calls(monkeypatch):
+    """`RepeatCache.get(hold=True)`: a key seen often enough is not built
+    while held; it is built at its next sighting without `hold`, or at a
+    held one `HOLD_CALLS` transform calls after the first held sighting."""
+    if not caches.BACKGROUND:
+        pytest.skip("FUNCTX_BACKGROUND_COMPILE=0: there is no compile thread")
+    built = []
+    cache = caches.RepeatCache("test held builds", after=1, limit=8)
+    build = lambda name: lambda: (built.append(name) or name, None)  # noqa: E731
+    try:
+        for _ in range(3):
+            assert cache.get("a", build("a"), hold=True) is None
+        caches.wait_for_compiles()
+        assert built == [] and cache.info()["pending"] == 0
+        cache.get("a", build("a"))  # nothing staged now: submitted
+        caches.wait_for_compiles()
+        assert cache.get("a", build("a")) == "a" and built == ["a"] and not cache.held
+
+        calls = caches.calls_begun
+        for k in range(caches.HOLD_CALLS):
+            monkeypatch.setattr(caches, "calls_begun", calls + k)
+            for _ in range(2):
+                assert cache.get("b", build("b"), hold=True) is None
+        caches.wait_for_compiles()
+        assert built == ["a"]
+        monkeypatch.setattr(caches, "calls_begun", calls + caches.HOLD_CALLS)
+        cache.get("b", build("b"), hold=True)  # still met: built after all
+        caches.wait_for_compiles()
+        assert cache.get("b", build("b"), hold=True) == "b" and built == ["a", "b"]
+    finally:
+        caches._REGISTRY.pop("test held builds", None)
+
+
+def test_the_compile_thread_returns_its_free_heap_after_compiling():
+    """NOTE [the compile thread's heap]: once the compile thread has
+    compiled and has nothing left to do, it returns the allocator's free
+    pages (glibc), before `wait_for_compiles` returns."""
+    if not caches.BACKGROUND or caches._trim is None:
+        pytest.skip("no compile thread, or no glibc malloc_trim")
+    def loss(np_):
+        return lambda w, x: np_.sum(np_.sin(np_.cos(x @ w) * 1.7) ** 2)
+
+    f = fx.vmap(fx.grad(loss(fnp)), in_dims=(None, 0))
+    w, x = jnp.ones((3, 2)) * 0.3, jnp.linspace(0.0, 1.0, 39).reshape(13, 3)
+    before = caches.heap_releases[0]
+    for _ in range(6):  # past the steps (2nd sighting) and the queue's program
+        out = f(w, x)
+        caches.wait_for_compiles()
+    assert caches.heap_releases[0] > before
+    np.testing.assert_allclose(out, jax.vmap(jax.grad(loss(jnp)), in_axes=(None, 0))(w, x),
+                               rtol=1e-12)
+
+
 def test_a_staged_backward_pass_is_batched_off_the_calling_thread():
     """NOTE [staged backward passes]: the first call that uses a staged
     backward pass inside vmap batches its graph, which folds the graph's

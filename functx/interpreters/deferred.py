@@ -73,6 +73,7 @@ from jax._src.config import trace_context as _trace_context
 
 from .. import core as _core
 from ..caches import Cache, RepeatCache
+from ..caches import staging as _staging
 from ..core import Aval, aval_of
 from ..errors import FunctxError
 from .eval import compile_ahead, compiled
@@ -284,7 +285,8 @@ class Queue:
             in_avals = jax_avals(inputs)
             key = (tuple(steps), in_avals, mask)
             try:
-                program = _programs.get(key, lambda: _build(steps, inputs, mask))
+                program = _programs.get(key, lambda: _build(steps, inputs, mask),
+                                        hold=_staging())
             except TypeError:  # unhashable step parameters
                 pass
         if program is not None:
