@@ -86,8 +86,10 @@ def bind_jax(prim, args, params):
             # NOTE [JAX's jit programs stay calls]
             graph = _call_graph(sub)
             if graph is not None:
+                from .primitives.call import jax_call_name
+
                 return bind(_jit_call(), *args, graph=graph,
-                            name=str(params.get("name", "jit")))
+                            name=jax_call_name(params.get("name", "jit")))
         if isinstance(sub, (jax.extend.core.ClosedJaxpr, jcore.Jaxpr)):
             outs = _program(sub)(list(args))
             return outs if prim.multiple_results else outs[0]
@@ -131,7 +133,10 @@ def bind_jax(prim, args, params):
 # xla_cpu.py); as a call, its derived graphs (jvp, transpose, batched) are
 # compiled whole, so a product and a difference in tanh's derivative fused
 # into one rounding there and the first eager calls differed from later
-# ones in the last bit (vmap(grad) on jax 0.12).
+# ones in the last bit (vmap(grad) on jax 0.12). Such a call is named
+# `jax.jit(<name>)` (`jax_call_name` in primitives/call.py): its program
+# keeps each primitive apart, compiled alone and inlined into a combined
+# program alike, so both round the same way.
 _CALL_GRAPHS = {}  # id(closed jaxpr) -> (closed jaxpr, Graph or None)
 _CALL_GRAPHS_LIMIT = 512
 

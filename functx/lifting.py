@@ -259,7 +259,9 @@ class _JitCall:
         if self.callable and interop._eager():
             graph = interop._call_graph(self.closed)
             if graph is not None:
-                return bind(interop._jit_call(), *vals, graph=graph, name=self.name)
+                from .primitives.call import jax_call_name
+
+                return bind(interop._jit_call(), *vals, graph=graph, name=jax_call_name(self.name))
         return None
 
 

@@ -174,10 +174,21 @@ def top_level():
 # primitives]) are evaluated the same way, and so is a primitive whose
 # parameters do not hash (its call then is not cached). Loops compiled
 # for eager calls keep their bodies' calls too, as they are when a loop
-# sits in a combined program, and so does a program of a graph the engine
-# runs alone (a jitted JAX function's `jit_call`): its own calls (JAX's
-# unrolled loop iterations) stay calls inside a combined program, and
-# inlined alone they would round otherwise (`jit_by_size`). (Which NaN
+# sits in a combined program, and XLA:CPU may not hoist a small loop into
+# one kernel (its small-while-loop-hoisting pass: the body's calls are
+# then emitted together and LLVM contracts a product with the sum it
+# feeds; whether a loop counts as small depends on the program around it,
+# so a scan's gradient rounded otherwise inside a combined program). A
+# jitted JAX function met eagerly (its `jit_call`, named `jax.jit(...)`:
+# NOTE [JAX's jit programs stay calls] in interop.py) keeps each primitive
+# apart too, alone and inlined into a combined program alike: compiled
+# whole, XLA optimised it by what the program around it showed (inside a
+# combined program two of its operands that XLA had found equal shared one
+# buffer, LLVM merged two selects on that mask and contracted the product
+# under them with the sum after: jnp.nanvar's gradient changed its last
+# bit). Any program run here keeps its calls (`jit_by_size`): a graph's
+# own calls (JAX's unrolled loop iterations) stay calls inside a combined
+# program, and inlined alone they would round otherwise. (Which NaN
 # an operation returns is not fixed either way: NaNs are equal, not their
 # bits.) Measured on the 2-core VM: the same warm speed,
 # 7-25% more compile time (benchmarks/RESULTS.md, "One rounding per
@@ -204,7 +215,9 @@ FUSIBLE = frozenset("""
     slice dynamic_slice dynamic_update_slice concatenate pad rev iota copy gather stack unstack
     split tile stop_gradient reduce_max reduce_min argmax argmin reduce_and reduce_or
 """.split())
-KEEP_CALLS = {"xla_disable_hlo_passes": "call-inliner"}
+# XLA's call inliner, and XLA:CPU's hoisting of a small while loop into one
+# kernel (NOTE [one rounding per primitive])
+KEEP_CALLS = {"xla_disable_hlo_passes": "call-inliner,small-while-loop-hoisting"}
 # .mode: this thread is tracing one of the eager engine's programs, whose
 # primitives are kept apart as `isolation()` says (read by interpreters/eval.py)
 TRACING = threading.local()

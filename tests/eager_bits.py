@@ -37,6 +37,9 @@ BINARY = [jnp.add, jnp.subtract, jnp.multiply, jnp.maximum, lambda a, b: a / (1 
           lambda a, b: a @ b, lambda a, b: a * b - a, lambda a, b: jnp.where(a > b, a * 0.3, b)]
 
 
+_JITTED_NANVAR = fx.jit(lambda v: jnp.nanvar(v, axis=1))
+
+
 def random_program(seed):
     r = random.Random(seed)
     ops = [("u", r.randrange(len(UNARY)), r.randrange(i + 3)) if r.random() < 0.55 else
@@ -98,6 +101,12 @@ def main(programs):
              # its derivative, polygamma(1, .), has a constant operand
              "digamma's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  jax.scipy.special.digamma(fnp.exp(w) + 0.3 + x * x) * 1.3))), X[0]),
+             # a jitted JAX function, one call eagerly
+             "nanvar's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
+                 jnp.nanvar(w * x, axis=1) * 1.3))), X[0]),
+             # the same inside a user's functx.jit: its graph, one call eagerly
+             "a functx.jit graph's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
+                 _JITTED_NANVAR(w * x) * 1.3))), X[0]),
              # a jitted JAX function whose program holds calls (an unrolled loop)
              "spence's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  jax.scipy.special.spence(fnp.exp(-w * w) * 0.9 + 0.05 + x * 0.0) * 1.3))), X[0]),

@@ -442,7 +442,9 @@ def test_first_calls_equal_later_ones_bit_for_bit_under_default_xla_options():
     gradients of gradients of random programs, and of a JAX primitive
     functx borrows (bound inline in combined programs until 2026-12: it
     differed), and of digamma, whose derivative has a constant operand (XLA
-    folded it into its call until 2026-12: it differed), in a child process
+    folded it into its call until 2026-12: it differed), and of jnp.nanvar
+    called as a jitted JAX function and inside a functx.jit (each compiled
+    whole until 2026-12: it differed), in a child process
     with XLA's default options. (Before: 20
     of 40 random programs differed in the last bit.) Where the eager engine cannot keep its calls (no CPU backend,
     or a jaxlib without the option) a mismatch is recorded as xfail."""

@@ -208,7 +208,7 @@ def _container(holder):
 def _drop(programs, key):
     del programs[key]
     if key == CALL_PROGRAM:  # the graph's own reference to the same program
-        programs.pop("compiled", None)
+        programs.pop("compiled eager", None)
 
 
 def _executables(entry):
@@ -325,7 +325,8 @@ def compiled(graph, name="functx_graph", eager=False):
     program's name in JAX's compile logs. `eager`: a program of the eager
     engine, whose primitives keep their own calls (NOTE [one rounding per
     primitive])."""
-    fn = graph.cache.get("compiled")
+    key = "compiled eager" if eager else "compiled"
+    fn = graph.cache.get(key)
     if fn is None:
         from .staging import eval_graph
 
@@ -333,8 +334,7 @@ def compiled(graph, name="functx_graph", eager=False):
             return eval_graph(graph, args)
 
         run.__name__ = run.__qualname__ = name
-        fn = graph.cache["compiled"] = xla_cpu.jit_by_size(run, xla_cpu.sizes_in_graph(graph),
-                                                           eager)
+        fn = graph.cache[key] = xla_cpu.jit_by_size(run, xla_cpu.sizes_in_graph(graph), eager)
     return fn
 
 

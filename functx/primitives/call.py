@@ -10,6 +10,7 @@ one `jax.jit`-compiled program, compiled once per graph.
 
 import threading
 
+import jax
 import numpy as np
 
 from .. import caches, xla_cpu
@@ -31,6 +32,8 @@ from .common import (
     transpose_rules,
 )
 
+_JaxTracer = jax.core.Tracer
+
 jit_call = defprim("jit_call", multiple_results=True, cls=GraphCallPrimitive)
 
 
@@ -48,6 +51,20 @@ EAGER_STEP = "eager step"
 def is_eager(name):
     """Is `name` that of such a call, or derived from one?"""
     return EAGER_BACKWARD in name or EAGER_STEP in name
+
+
+# The name (and the names derived from it) of a call of a jitted JAX
+# function met eagerly (NOTE [JAX's jit programs stay calls] in
+# interop.py): `jax.jit(<its name>)`, which its program shows in compile
+# logs. Like a `functx.jit` graph's, its program keeps each primitive apart
+# as the eager engine's programs do, alone and inside a combined program
+# alike (`_impl` below, NOTE [one rounding per primitive] in xla_cpu.py).
+def jax_call_name(name):
+    return f"jax.jit({name})"
+
+
+def is_jax_call(name):
+    return "jax.jit(" in name
 
 
 # a backward pass transposes them equation by equation, as the path without
@@ -114,13 +131,21 @@ class _Built:
 def _impl(*args, graph, name):
     if is_eager(name):
         return eval_graph(graph, args)
-    if not xla_cpu.top_level():  # a call inside the program being traced
+    if getattr(xla_cpu.TRACING, "mode", None) and any(isinstance(a, _JaxTracer) for a in args):
+        # inside one of the eager engine's programs: each primitive its own
+        # call there, as in the program it runs alone (below)
+        return eval_graph(graph, args)
+    if not xla_cpu.top_level():  # a call inside a user's program being traced
         return compiled(graph)(*args)
-    # run on arrays: its program is listed under the bound of NOTE [eager
-    # programs, bounded process-wide] in interpreters/eval.py
+    # run on arrays by an eager transform: its primitives kept apart as in
+    # the eager engine's programs, which may inline it later (NOTE [one
+    # rounding per primitive] in xla_cpu.py); the program is listed under
+    # the bound of NOTE [eager programs, bounded process-wide] in
+    # interpreters/eval.py
     entry = graph.cache.get(CALL_PROGRAM)
     if entry is None:
-        entry = keep_call_program(graph, compiled(graph))
+        label = f"functx_{name}" if is_jax_call(name) else "functx_graph"
+        entry = keep_call_program(graph, compiled(graph, label, eager=True))
     else:
         entry[1] = True
     return entry[0](*args)
