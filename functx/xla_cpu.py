@@ -192,9 +192,11 @@ def top_level():
 # an operation returns is not fixed either way: NaNs are equal, not their
 # bits.) Measured on the 2-core VM: the same warm speed,
 # 7-25% more compile time (benchmarks/RESULTS.md, "One rounding per
-# primitive"). `functx.jit` programs are the user's own and
-# keep all of XLA's optimisations, as `jax.jit` does; their results may
-# differ from eager ones in the last bit, as JAX's do.
+# primitive"). A `functx.jit` program called on its own (or traced into
+# another one) is the user's and keeps all of XLA's optimisations, as
+# `jax.jit` does; its results may differ from eager ones in the last bit,
+# as JAX's do. Under an eager transform its graph is one of the calls
+# above.
 # Other backends ("barriers" isolation): XLA:GPU cannot compile a program
 # whose calls are kept (it aborts the process: its loop-fusion emitter
 # meets a call it has no indexing for; seen on an H200, jax 0.11.2). There
