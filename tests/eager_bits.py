@@ -63,26 +63,33 @@ def bits(out):  # NaNs aside: which NaN an operation returns is not fixed
     return np.where(np.isnan(out), np.nan, out).tobytes()
 
 
-def borrowed_product():
-    """A primitive defined the way a JAX library defines one (functx has no
-    definition of it and borrows JAX's rules): a product, whose result a sum
-    reads next."""
+def borrowed(name, fn, jvp_a, jvp_b):
+    """A primitive `fn(a, b)` defined the way a JAX library defines one
+    (functx has no definition of it and borrows JAX's rules), with
+    functx.numpy around it: these cases are about the borrowed primitive."""
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir
 
-    prim = Primitive("eager_bits_product")
-
-    def product(a, b):
-        return a * b
-
-    prim.def_impl(product)
+    prim = Primitive(f"eager_bits_{name}")
+    prim.def_impl(fn)
     prim.def_abstract_eval(
         lambda a, b: jax.core.ShapedArray(np.broadcast_shapes(a.shape, b.shape), a.dtype))
-    mlir.register_lowering(prim, mlir.lower_fun(product, multiple_results=False))
-    ad.defjvp(prim, lambda t, a, b: t * b, lambda t, a, b: a * t)
+    mlir.register_lowering(prim, mlir.lower_fun(fn, multiple_results=False))
+    ad.defjvp(prim, jvp_a, jvp_b)
     batching.defbroadcasting(prim)
-    # functx.numpy around it: this case is about the borrowed primitive
     return lambda w, x: fnp.sum(fnp.tanh(prim.bind(w, x) + w * 0.5))
+
+
+def borrowed_product():
+    """A borrowed product, whose result a sum reads next."""
+    return borrowed("product", lambda a, b: a * b, lambda t, a, b: t * b, lambda t, a, b: a * t)
+
+
+def borrowed_tangent():
+    """A borrowed `tan(a) * b`: tan is one of the functions XLA:CPU's two
+    fusion emitters round differently (NOTE [the eager engine's emitters])."""
+    return borrowed("tangent", lambda a, b: jnp.tan(a) * b,
+                    lambda t, a, b: t * b / jnp.cos(a) ** 2, lambda t, a, b: jnp.tan(a) * t)
 
 
 def _svd_loss(w, x):
@@ -92,12 +99,18 @@ def _svd_loss(w, x):
 
 def main(programs):
     borrowed = borrowed_product()
+    tangent = borrowed_tangent()
     cases = {  # jax 0.12's jnp.tanh is a jitted one-equation JAX function; first, while
              # no other case has built what it shares (tanh's per-primitive programs)
              "vmap(grad) of jax.numpy's tanh": (
                  fx.vmap(fx.grad(lambda w, x: jnp.sum(jnp.tanh(w * x + w))), in_dims=(None, 0)), X),
              "tanh's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.tanh(w @ x))), X[0]),
              "grad of a borrowed JAX primitive": (fx.grad(borrowed), X[0]),
+             # functions XLA:CPU's two fusion emitters round differently: every
+             # eager program uses the same ones (NOTE [the eager engine's emitters])
+             "tan's and cbrt's derivatives": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
+                 fnp.tan(w * x) * 1.3 + fnp.cbrt(w + x * x + 2.0)))), X[0]),
+             "grad of a borrowed tan": (fx.grad(tangent), X[0]),
              # its derivative, polygamma(1, .), has a constant operand
              "digamma's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  jax.scipy.special.digamma(fnp.exp(w) + 0.3 + x * x) * 1.3))), X[0]),

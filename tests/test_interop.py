@@ -123,6 +123,29 @@ def test_a_primitive_only_jax_has_rules_for_borrows_them():
     assert close(fx.jit(fx.grad(f))(X), jax.grad(f)(X))
 
 
+def test_a_primitive_with_no_lowering_runs_by_its_python_implementation():
+    """A borrowed primitive runs on arrays as a program of its own
+    (NOTE [the eager engine's emitters] in functx/xla_cpu.py); one JAX can
+    only run by its Python implementation (no lowering) is bound by JAX,
+    in every call, repeated ones included."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching
+
+    cube = Primitive("test_python_only_cube")
+    cube.def_impl(lambda x: np.asarray(x) ** 3)
+    cube.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+    ad.defjvp(cube, lambda t, x: t * 3.0 * x ** 2)
+    batching.defvectorized(cube)
+
+    def f(x):
+        return jnp.sum(jnp.sin(cube.bind(x) * 1.3))
+
+    for _ in range(3):
+        assert close(fx.grad(f)(X), jax.grad(f)(X))
+        fx.caches.wait_for_compiles()
+    assert close(fx.vmap(f)(XS), jax.vmap(f)(XS))
+
+
 def test_a_primitive_without_any_jax_rule_names_itself_and_the_transform():
     def f(v):
         return jnp.sum(jax.lax.linalg.cholesky_update(jnp.eye(2) * 2.0, v))
