@@ -1,8 +1,7 @@
 """Which XLA options functx compiles with on the CPU backend: YNNPACK's
 products for small programs only (NOTE [XLA:CPU's matrix-product
 library]), and the eager engine's programs with their primitives kept as
-calls (NOTE [one rounding per primitive]) and XLA:CPU's older emitters
-(NOTE [the eager engine's emitters]).
+calls (NOTE [one rounding per primitive]).
 
 NOTE [XLA:CPU's matrix-product library]
 XLA:CPU (jax 0.10) computes a matrix product with row-major operands in
@@ -221,33 +220,6 @@ FUSIBLE = frozenset("""
 # XLA's call inliner, and XLA:CPU's hoisting of a small while loop into one
 # kernel (NOTE [one rounding per primitive])
 KEEP_CALLS = {"xla_disable_hlo_passes": "call-inliner,small-while-loop-hoisting"}
-
-# NOTE [the eager engine's emitters]
-# XLA:CPU in jaxlib 0.10 and 0.11.0 can turn a fusion into machine code
-# two ways: with its fusion emitters (the default) or with its older
-# elemental emitters (`xla_cpu_use_fusion_emitters=False`; later jaxlibs
-# have only the first and refuse the option). The eager engine's programs
-# are mostly calls of one primitive each (NOTE [one rounding per
-# primitive]), whose kernels XLA emits one by one, so what they cost to
-# compile grows with their primitives: `grad(jit(f))` of the MLP in
-# benchmarks/first_calls.py compiles its two programs in 164 + 149 ms,
-# against 143 + 77 for the same graphs compiled whole. The older emitters
-# compile the same programs in about half the time (the transposed one in
-# 72 ms instead of 129), and the first call of every eager workload there
-# took 25-40% less, with warm calls about as fast (benchmarks/RESULTS.md,
-# "The eager engine's emitters"). So every program the eager engine
-# compiles at the top level takes them where this jaxlib has them
-# (`eager_options`): the per-primitive programs, the combined and fused
-# ones, loops, backward passes, the kept-apart calls of jitted functions,
-# and the primitives borrowed from JAX (foreign.py), which JAX's own bind
-# would compile with XLA's defaults. The two emitters compute the same
-# IEEE operations but round a few functions differently (tan, cbrt: a
-# last bit, or more where tan is steep), so no eager program may use the
-# other one: whichever path ran a step, the bits stay the same
-# (tests/eager_bits.py: "tan's and cbrt's derivatives", "grad of a
-# borrowed tan"). A user's `functx.jit` program keeps XLA's defaults, as
-# `jax.jit` does (its bits may differ from the eager ones anyway).
-OLDER_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 # .mode: this thread is tracing one of the eager engine's programs, whose
 # primitives are kept apart as `isolation()` says (read by interpreters/eval.py)
 TRACING = threading.local()
@@ -257,15 +229,9 @@ def isolation():
     """How the eager engine's programs keep each primitive's rounding its
     own (NOTE [one rounding per primitive]): "calls" on the CPU backend,
     where this jaxlib takes the option, else "barriers"."""
-    if jax.default_backend() == "cpu" and (_older_emitters() or _takes(*KEEP_CALLS.items())):
+    if jax.default_backend() == "cpu" and _takes(*KEEP_CALLS.items()):
         return "calls"
     return "barriers"
-
-
-def _older_emitters():
-    """Whether this jaxlib takes both KEEP_CALLS and OLDER_EMITTERS (one
-    tiny compile for both where it does)."""
-    return _takes(*KEEP_CALLS.items(), *OLDER_EMITTERS.items())
 
 
 def keeps_calls():
@@ -276,17 +242,6 @@ def keeps_calls():
 def keep_calls(options=None):
     """`options` with XLA's call inliner off, where `keeps_calls()`."""
     return {**(options or {}), **KEEP_CALLS} if keeps_calls() else options
-
-
-def eager_options(options=None):
-    """The compile options of one of the eager engine's programs compiled
-    at the top level: `options` with its primitives' calls kept
-    (`keep_calls`) and XLA:CPU's older fusion emitters, where this jaxlib
-    still has them (NOTE [the eager engine's emitters])."""
-    options = keep_calls(options)
-    if keeps_calls() and _older_emitters():
-        options = {**options, **OLDER_EMITTERS}
-    return options
 
 
 def between_barriers(fn, args, params):
@@ -320,15 +275,14 @@ def jit_by_size(fn, sizes, eager=False):
     """`jax.jit(fn)`, compiled with `options_for(sizes)` and XLA's call
     inliner off when called at the top level; for one of the eager engine's
     programs (`eager`), with its primitives kept as calls (NOTE [one
-    rounding per primitive]) and the emitters of NOTE [the eager engine's
-    emitters]."""
+    rounding per primitive])."""
     fn = _traced_isolated(fn, eager)
     plain = jax.jit(fn)
     # every program run here keeps its calls, as the eager engine's combined
     # programs (which may call it) do: XLA's inliner would fuse, say, the
     # iterations of an unrolled scan that stay calls inside a combined
     # program, and the program alone would round otherwise than the call
-    options = (eager_options if eager else keep_calls)(options_for(sizes))
+    options = keep_calls(options_for(sizes))
     if options is None:
         return plain
     tuned = jax.jit(fn, compiler_options=options)

@@ -86,8 +86,10 @@ def borrowed_product():
 
 
 def borrowed_tangent():
-    """A borrowed `tan(a) * b`: tan is one of the functions XLA:CPU's two
-    fusion emitters round differently (NOTE [the eager engine's emitters])."""
+    """A borrowed `tan(a) * b`: tan is one of the functions XLA:CPU rounds
+    differently under different compile options (its two fusion emitters,
+    jaxlib 0.10-0.11.0), so JAX's own dispatch of the primitive and the
+    eager engine's programs must agree on them."""
     return borrowed("tangent", lambda a, b: jnp.tan(a) * b,
                     lambda t, a, b: t * b / jnp.cos(a) ** 2, lambda t, a, b: jnp.tan(a) * t)
 
@@ -107,7 +109,7 @@ def main(programs):
              "tanh's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.tanh(w @ x))), X[0]),
              "grad of a borrowed JAX primitive": (fx.grad(borrowed), X[0]),
              # functions XLA:CPU's two fusion emitters round differently: every
-             # eager program uses the same ones (NOTE [the eager engine's emitters])
+             # eager program must use the same ones
              "tan's and cbrt's derivatives": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  fnp.tan(w * x) * 1.3 + fnp.cbrt(w + x * x + 2.0)))), X[0]),
              "grad of a borrowed tan": (fx.grad(tangent), X[0]),

@@ -124,10 +124,9 @@ def test_a_primitive_only_jax_has_rules_for_borrows_them():
 
 
 def test_a_primitive_with_no_lowering_runs_by_its_python_implementation():
-    """A borrowed primitive runs on arrays as a program of its own
-    (NOTE [the eager engine's emitters] in functx/xla_cpu.py); one JAX can
-    only run by its Python implementation (no lowering) is bound by JAX,
-    in every call, repeated ones included."""
+    """A borrowed primitive JAX can only run by its Python implementation
+    (no lowering) runs eagerly in every call, the repeated ones too, whose
+    combined programs cannot hold it."""
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching
 

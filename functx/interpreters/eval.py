@@ -62,7 +62,7 @@ def lower_to_jax(prim, bind=None):
         except KeyError:
             options = None
             if top:
-                options = xla_cpu.eager_options(xla_cpu.products_off() if key[2] else None)
+                options = xla_cpu.keep_calls(xla_cpu.products_off() if key[2] else None)
             entry = _keep(compiled, key, jax.jit(_named_bind(bind, jax_prim.name, params),
                                                  compiler_options=options))
         except (TypeError, AttributeError):  # unhashable parameters, shapeless args: no cache

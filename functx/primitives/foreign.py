@@ -115,25 +115,16 @@ def _define(jax_prim):
     fx = Primitive(jax_prim.name, jax_prim, jax_prim.multiple_results)
     multiple = jax_prim.multiple_results
 
-    # Evaluated as functx's own primitives are: on arrays by a program of
-    # its own, compiled with the eager engine's options (NOTE [the eager
-    # engine's emitters]: JAX's own bind would compile it with XLA's
-    # defaults, and a borrowed `tan` rounded otherwise in the combined
-    # program), and inside the eager engine's programs as a call of that
-    # program (NOTE [one rounding per primitive]). A primitive with a
-    # Python implementation and no lowering is bound by JAX.
+    # Evaluated by JAX's own bind on arrays (a primitive may have a Python
+    # implementation and no lowering), and inside the eager engine's
+    # programs as a call of its own, as functx's own primitives are (NOTE
+    # [one rounding per primitive]).
     as_call = lower_to_jax(fx, bind=lambda *args, **params: _bind(jax_prim, args, params))
-    lowered = [True]
 
     def impl(*args, **params):
-        if lowered[0] or (getattr(xla_cpu.TRACING, "mode", None) == "calls" and any(
-                isinstance(a, jcore.Tracer) for a in args)):
-            try:
-                return as_call(*args, **params)
-            except NotImplementedError:  # JAX's error for a primitive with no lowering
-                if any(isinstance(a, jcore.Tracer) for a in args):
-                    raise
-                lowered[0] = False
+        if getattr(xla_cpu.TRACING, "mode", None) == "calls" and any(
+                isinstance(a, jcore.Tracer) for a in args):
+            return as_call(*args, **params)
         return _bind(jax_prim, args, params)
 
     defimpl(fx, impl)
