@@ -44,6 +44,7 @@ from jax._src.core import set_current_trace as _set_jax_trace
 from jax._src.core import trace_ctx as _jax_trace_ctx
 
 from . import caches as _caches
+from . import xla_cpu as _xla_cpu
 from .errors import (
     ConcretizationError,
     EscapedTracerError,
@@ -404,6 +405,8 @@ def new_interpreter(interp):
     ident = _get_ident()
     if not stack and ident != _caches.compile_thread:
         _caches.calls_begun += 1  # a call begins: the clock of stale builds (caches.py)
+        if _caches.calls_begun == 1:
+            _xla_cpu.ask_ahead()
     interp.level = len(stack) + 1
     interp.thread = ident
     interp.jax_trace = _jax_trace_ctx.trace  # NOTE [JAX on functx values]

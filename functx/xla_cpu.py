@@ -338,12 +338,36 @@ def _known():
     return _takes(*PRODUCTS_OFF.items())
 
 
-@functools.cache
+_taken = {}  # options -> whether this jaxlib takes them
+_taken_lock = threading.Lock()
+
+
 def _takes(*options):
     """Whether this jaxlib's XLA takes these (name, value) compile options
-    (one tiny compile)."""
-    try:
-        jax.jit(lambda x: x + 1).lower(1.0).compile(dict(options))
-    except Exception:  # noqa: BLE001 - an unknown option: keep XLA's defaults
-        return False
-    return True
+    (one tiny compile, once; a thread asking while another compiles it
+    waits for that answer)."""
+    with _taken_lock:
+        found = _taken.get(options)
+        if found is None:
+            try:
+                jax.jit(lambda x: x + 1).lower(1.0).compile(dict(options))
+                found = True
+            except Exception:  # noqa: BLE001 - an unknown option: keep XLA's defaults
+                found = False
+            _taken[options] = found
+        return found
+
+
+def ask_ahead():
+    """Start asking the jaxlib about the eager engine's compile options
+    (`isolation()`) on a short-lived thread, once: called as the first
+    transform call of the process begins, so that the tiny compile (20-30
+    ms on the 2-core VM) overlaps the call's staging instead of delaying
+    its first program."""
+    if KEEP_CALLS_KEY not in _taken and not _asking:
+        _asking.append(True)
+        threading.Thread(target=isolation, name="functx-options", daemon=True).start()
+
+
+KEEP_CALLS_KEY = tuple(KEEP_CALLS.items())
+_asking = []

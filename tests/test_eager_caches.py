@@ -4,6 +4,7 @@ repeated primitive application, and a compiled backward pass per repeated
 tape structure. Results must equal JAX's on every call, before and after
 the caches engage, and the caches must actually engage."""
 
+import os
 import sys
 import time
 
@@ -973,6 +974,40 @@ while any(t.name == "functx-collect" for t in threading.enumerate()) and time.pe
     time.sleep(0.01)
 print(full, gc.get_count()[2], [t.name for t in threading.enumerate() if t.name.startswith("functx")])
 """
+
+
+_OPTIONS_ASKED_AHEAD = """
+import threading, time
+import jax.numpy as jnp
+import functx as fx
+from functx import xla_cpu
+asked = []
+isolation = xla_cpu.isolation
+def spy():
+    asked.append(threading.current_thread().name)
+    return isolation()
+xla_cpu.isolation = spy
+out = fx.grad(lambda x: (x * x).sum())(jnp.arange(3.0))
+deadline = time.perf_counter() + 20
+while any(t.name == "functx-options" for t in threading.enumerate()) and time.perf_counter() < deadline:
+    time.sleep(0.01)
+print(asked[0], sorted(set(asked)), list(xla_cpu._taken) == [xla_cpu.KEEP_CALLS_KEY],
+      [t.name for t in threading.enumerate() if t.name == "functx-options"], out.tolist())
+"""
+
+
+@pytest.mark.slow
+def test_the_first_call_asks_for_the_compile_options_on_another_thread():
+    """The first transform call of a process starts the tiny compile that
+    asks the jaxlib about the eager engine's options (`xla_cpu.ask_ahead`)
+    on a short-lived thread, and its first program waits for that answer
+    rather than compiling the probe again; the thread then ends."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", _OPTIONS_ASKED_AHEAD], capture_output=True,
+                         text=True, timeout=300, check=True, env=env).stdout.strip()
+    assert out == "functx-options ['MainThread', 'functx-options'] True [] [0.0, 2.0, 4.0]", out
 
 
 @pytest.mark.slow
