@@ -86,10 +86,10 @@ def bind_jax(prim, args, params):
             # NOTE [JAX's jit programs stay calls]
             graph = _call_graph(sub)
             if graph is not None:
-                from .primitives.call import jax_call_name
+                from .primitives.call import call_name, jax_call_name
 
                 return bind(_jit_call(), *args, graph=graph,
-                            name=jax_call_name(params.get("name", "jit")))
+                            name=call_name(jax_call_name(params.get("name", "jit"))))
         if isinstance(sub, (jax.extend.core.ClosedJaxpr, jcore.Jaxpr)):
             outs = _program(sub)(list(args))
             return outs if prim.multiple_results else outs[0]

@@ -259,9 +259,10 @@ class _JitCall:
         if self.callable and interop._eager():
             graph = interop._call_graph(self.closed)
             if graph is not None:
-                from .primitives.call import jax_call_name
+                from .primitives.call import call_name, jax_call_name
 
-                return bind(interop._jit_call(), *vals, graph=graph, name=jax_call_name(self.name))
+                return bind(interop._jit_call(), *vals, graph=graph,
+                            name=call_name(jax_call_name(self.name)))
         return None
 
 

@@ -40,6 +40,14 @@ BINARY = [jnp.add, jnp.subtract, jnp.multiply, jnp.maximum, lambda a, b: a / (1 
 _JITTED_NANVAR = fx.jit(lambda v: jnp.nanvar(v, axis=1))
 
 
+def _nanvar_loss(w, x):
+    return jnp.sum(jnp.sin(jnp.nanvar(w * x, axis=1) * 1.3)) + jnp.sum(jnp.tanh(w @ x) * w)
+
+
+def _with_aux(w, x):
+    return _nanvar_loss(w, x), jnp.tanh(w)
+
+
 def random_program(seed):
     r = random.Random(seed)
     ops = [("u", r.randrange(len(UNARY)), r.randrange(i + 3)) if r.random() < 0.55 else
@@ -122,6 +130,14 @@ def main(programs):
              # the same inside a user's functx.jit: its graph, one call eagerly
              "a functx.jit graph's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  _JITTED_NANVAR(w * x) * 1.3))), X[0]),
+             # a jitted function differentiated alone, its programs compiled whole,
+             # rewrapped in every call or not (NOTE [a jitted function
+             # differentiated alone] in functx/primitives/call.py)
+             "grad of a functx.jit": (fx.grad(fx.jit(_nanvar_loss)), X[0]),
+             "grad of a functx.jit made in every call": (
+                 lambda w, x: fx.grad(fx.jit(_nanvar_loss))(w, x), X[0]),
+             "grad of a jax.jit, with aux": (fx.grad(jax.jit(_with_aux), has_aux=True), X[0]),
+             "vmap(grad) of a functx.jit": (fx.vmap(fx.grad(fx.jit(_nanvar_loss)), in_dims=(None, 0)), X),
              # a jitted JAX function whose program holds calls (an unrolled loop)
              "spence's derivative": (fx.grad(lambda w, x: fnp.sum(fnp.sin(
                  jax.scipy.special.spence(fnp.exp(-w * w) * 0.9 + 0.05 + x * 0.0) * 1.3))), X[0]),

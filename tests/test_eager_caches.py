@@ -663,6 +663,38 @@ def test_one_equation_is_not_compiled_again_as_a_backward_pass_or_a_queue_progra
     assert not again, again
 
 
+def test_a_jitted_function_differentiated_alone_compiles_its_programs_whole():
+    """NOTE [a jitted function differentiated alone]: `grad(jit(f))` at the
+    top level runs its forward and transposed graphs as whole programs (no
+    primitive kept apart, as jax.grad(jax.jit(f)) compiles them), the same
+    in every call; the same jitted function inside a larger function keeps
+    its primitives apart."""
+    from functx.interpreters import eval as ev
+
+    def f(np_):
+        return lambda w: np_.sum(np_.tanh(W @ w) ** 2)
+
+    expected = jax.grad(jax.jit(f(jnp)))(X)
+    jitted = fx.jit(f(fnp))
+    fx.clear_caches()
+    firsts = None
+    for _ in range(4):
+        out = fx.grad(jitted)(X)
+        caches.wait_for_compiles()
+        np.testing.assert_allclose(out, expected, rtol=1e-12)
+        firsts = np.asarray(out).tobytes() if firsts is None else firsts
+        assert np.asarray(out).tobytes() == firsts
+    whole = [h() for h, key in ev._PROGRAMS if key == ev.WHOLE_CALL_PROGRAM]
+    assert len(whole) == 2 and not [h for h, key in ev._PROGRAMS if key == ev.CALL_PROGRAM]
+    for graph in whole:
+        program = graph.cache[ev.WHOLE_CALL_PROGRAM][0]
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in graph.in_avals]
+        assert "functx_eval_" not in program.lower(*specs).as_text()  # no kept call
+    out = fx.grad(lambda w: jitted(w) * 2.0)(X)
+    np.testing.assert_allclose(out, 2.0 * expected, rtol=1e-12)
+    assert [h for h, key in ev._PROGRAMS if key == ev.CALL_PROGRAM]
+
+
 def test_a_build_no_lookup_asked_for_lately_is_dropped_not_compiled():
     """While the compile thread is behind, a pending build whose key no
     lookup has asked for in the last `stale_after` lookups is dropped when

@@ -280,7 +280,9 @@ class Queue:
         self.call = self.spec = None
         live = [r() for r in outs]
         program = None
-        if len(steps) > 1 or len(steps[0][0].graph.eqns) > 1:  # else one dispatch already
+        if (len(steps) > 1 or len(steps[0][0].graph.eqns) > 1) and not _holds_alone_call(steps):
+            # (else one dispatch already, or a call that must run alone:
+            # NOTE [a jitted function differentiated alone] in primitives/call.py)
             mask = tuple(p is not None for p in live)
             in_avals = jax_avals(inputs)
             key = (tuple(steps), in_avals, mask)
@@ -311,6 +313,15 @@ class Queue:
         # one step at a time (each primitive by its own program), dropping
         # each dead output after its last reader
         _assign(live, _run_steps(steps, inputs, live))
+
+
+def _holds_alone_call(steps):
+    from ..primitives.call import holds_alone_call
+
+    for step, _ in steps:
+        if holds_alone_call(step.graph):
+            return True
+    return False
 
 
 def _run_steps(steps, inputs, live):

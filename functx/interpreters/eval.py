@@ -186,14 +186,18 @@ def _keep(holder, key, fn):
     return entry
 
 
-def keep_call_program(graph, fn):
+def keep_call_program(graph, fn, whole=False):
     """List `fn`, the program a `jit_call` of `graph` runs on concrete
-    arrays (`compiled(graph)`), under the same bound, holding the graph
-    weakly: dropped, the graph's program is made again at its next call."""
-    return _keep(weakref.ref(graph), CALL_PROGRAM, fn)
+    arrays (`compiled(graph, eager=True)`, or `compiled(graph)` when
+    `whole`), under the same bound, holding the graph weakly: dropped, the
+    graph's program is made again at its next call."""
+    return _keep(weakref.ref(graph), WHOLE_CALL_PROGRAM if whole else CALL_PROGRAM, fn)
 
 
 CALL_PROGRAM = "call program"  # graph.cache key of a listed call's program: [fn, used]
+# ... and of one compiled whole (NOTE [a jitted function differentiated
+# alone] in primitives/call.py)
+WHOLE_CALL_PROGRAM = "whole call program"
 
 
 def _container(holder):
@@ -209,6 +213,8 @@ def _drop(programs, key):
     del programs[key]
     if key == CALL_PROGRAM:  # the graph's own reference to the same program
         programs.pop("compiled eager", None)
+    elif key == WHOLE_CALL_PROGRAM:
+        programs.pop("compiled", None)
 
 
 def _executables(entry):

@@ -14,8 +14,11 @@ import jax
 import numpy as np
 
 from .. import caches, xla_cpu
+from .. import core as _core
 from ..interpreters.batching import _rule_context, batch_graph
-from ..interpreters.eval import CALL_PROGRAM, compiled, defimpl, keep_call_program
+from ..interpreters.eval import (
+    CALL_PROGRAM, WHOLE_CALL_PROGRAM, compiled, defimpl, keep_call_program,
+)
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import inlined_calls, transpose_graph
 from ..interpreters.staging import eval_graph
@@ -65,6 +68,64 @@ def jax_call_name(name):
 
 def is_jax_call(name):
     return "jax.jit(" in name
+
+
+# NOTE [a jitted function differentiated alone]
+# A top-level `grad` (`value_and_grad`, `grad_and_value`) of a jitted
+# function (`functx.jit(f)` or `jax.jit(f)`: `grad(jit(f))`, rewrapped or
+# not) records one `jit_call` and nothing else: its forward step is the
+# only step of its queue (a queue of one equation runs it: NOTE [deferred
+# eager steps]) and its tape has one equation, whose transpose is one
+# dispatch (no queued or compiled backward pass). No path of the eager
+# engine inlines such a call into a larger program, so its programs need
+# not keep each primitive apart (NOTE [one rounding per primitive] in
+# xla_cpu.py): they are compiled whole, as JAX compiles `jax.grad(jax.jit(f))`
+# (the first call of benchmarks/first_calls.py's rejit compiled its two
+# programs with their calls kept in 300-330 ms, whole in about 220). The
+# grad marks the call's name (`ALONE`, passed on to the jvp, transposed
+# and batched graphs derived from it) when the jitted function binds it
+# with only the grad's own interpreters on the stack, so every call of
+# that structure runs the same whole programs; a queue, a queued or
+# compiled backward pass or a staged step that would hold a marked call
+# with anything else runs it step by step instead (`holds_alone_call`),
+# never inlined, so the bits still do not depend on the path.
+ALONE = "[alone] "
+_alone = threading.local()  # .depth: interpreters on the stack of a grad of a jitted function
+
+
+def is_alone(name):
+    return ALONE in name
+
+
+def call_name(name):
+    """The name a jit_call of a user's jitted function binds with: marked
+    `ALONE` when the function is the one a top-level grad differentiates,
+    bound by that grad's interpreters (NOTE [a jitted function
+    differentiated alone])."""
+    depth = getattr(_alone, "depth", None)
+    if depth is not None and len(_core._state.stack) == depth:
+        return ALONE + name
+    return name
+
+
+def differentiating_alone(depth):
+    """Mark (`depth`: the grad's interpreters on the stack) or unmark
+    (None) this thread as a top-level grad of a jitted function; returns
+    the previous mark."""
+    was = getattr(_alone, "depth", None)
+    _alone.depth = depth
+    return was
+
+
+def holds_alone_call(graph):
+    """Whether `graph` has a marked call among its equations (NOTE [a jitted
+    function differentiated alone]): it must not be inlined into a larger
+    program."""
+    found = graph.cache.get("holds alone call")
+    if found is None:
+        found = graph.cache["holds alone call"] = any(
+            e.prim is jit_call and is_alone(e.params["name"]) for e in graph.eqns)
+    return found
 
 
 # a backward pass transposes them equation by equation, as the path without
@@ -137,6 +198,14 @@ def _impl(*args, graph, name):
         return eval_graph(graph, args)
     if not xla_cpu.top_level():  # a call inside a user's program being traced
         return compiled(graph)(*args)
+    if is_alone(name):  # NOTE [a jitted function differentiated alone]
+        entry = graph.cache.get(WHOLE_CALL_PROGRAM)
+        if entry is None:
+            label = f"functx_{name[len(ALONE):]}" if name.startswith(ALONE) else "functx_graph"
+            entry = keep_call_program(graph, compiled(graph, label), whole=True)
+        else:
+            entry[1] = True
+        return entry[0](*args)
     # run on arrays by an eager transform: its primitives kept apart as in
     # the eager engine's programs, which may inline it later (NOTE [one
     # rounding per primitive] in xla_cpu.py); the program is listed under

@@ -18,6 +18,7 @@ from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.deferred import input_aval, values
 from ..interpreters.deferred import value as value_of
 from ..interpreters.reverse import ReverseInterpreter
+from ..primitives.call import differentiating_alone
 from ..primitives.common import scalar_constant
 from . import _args
 from ._linear_fn import LinearFunction
@@ -294,22 +295,36 @@ def bind_argnums(func, args, kwargs, nums):
     return f_diff
 
 
+def _is_jitted(func):
+    """Whether `func` is a `functx.jit` or `jax.jit` of a function."""
+    if getattr(func, "functx_jitted", None) is not None:
+        return True
+    return all(callable(getattr(func, a, None)) for a in ("lower", "trace", "eval_shape"))
+
+
 def _grad_and_value(func, argnums, has_aux, name, holomorphic, allow_int):
     _args.check_callable(func, name)
+
+    jitted = _is_jitted(func)
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         call = f"{name}({_args.fn_name(func)}, argnums={argnums!r})(*args)"
         nums, single = _args.normalize_argnums(argnums, len(args), call)
         diff = tuple(args[i] for i in nums)
-        r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
-                              [f"argument {i}" for i in nums], bool(allow_int), holomorphic,
-                              queued=True, call_args=(args, kwargs))
-        _scalar_check(r, call, holomorphic)
-        one = seed_one(r.out_avals[0])
-        cts = pull_back(r, [one])
-        r.linear = None  # residuals no one holds stay inside the program (NOTE [one program per gradient])
-        cts, value = values(cts), value_of(r.out[0])
+        # NOTE [a jitted function differentiated alone] in primitives/call.py
+        was = differentiating_alone(1 if jitted and not _core_state.stack else None)
+        try:
+            r = linearize_reverse(bind_argnums(func, args, kwargs, nums), diff, has_aux, call,
+                                  [f"argument {i}" for i in nums], bool(allow_int), holomorphic,
+                                  queued=True, call_args=(args, kwargs))
+            _scalar_check(r, call, holomorphic)
+            one = seed_one(r.out_avals[0])
+            cts = pull_back(r, [one])
+            r.linear = None  # residuals no one holds stay inside the program (NOTE [one program per gradient])
+            cts, value = values(cts), value_of(r.out[0])
+        finally:
+            differentiating_alone(was)
         grads = tree_util.tree_unflatten(r.in_tree, with_static(r, cts))
         grads = grads[0] if single else tuple(grads)
         if has_aux:

@@ -65,7 +65,7 @@ from ..core import _state as _stack_state
 from ..core import aval_of, bind
 from ..errors import FunctxTypeError, FunctxValueError
 from ..interpreters.staging import stage
-from ..primitives.call import jit_call
+from ..primitives.call import call_name, jit_call
 from ..primitives.collectives import live_axes
 from ._args import as_array, check_callable, fn_name
 
@@ -823,7 +823,7 @@ class Jitted:
         if entry is _Inline:
             return self._fun(*args, **kwargs)
         graph, out_tree = entry
-        outs = bind(jit_call, *leaves, graph=graph, name=self._name)
+        outs = bind(jit_call, *leaves, graph=graph, name=call_name(self._name))
         return tree_util.tree_unflatten(out_tree, outs)
 
     def _stage(self, leaves, in_tree, rebuild):
