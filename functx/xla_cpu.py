@@ -186,7 +186,10 @@ def top_level():
 # combined program two of its operands that XLA had found equal shared one
 # buffer, LLVM merged two selects on that mask and contracted the product
 # under them with the sum after: jnp.nanvar's gradient changed its last
-# bit). Any program run here keeps its calls (`jit_by_size`): a graph's
+# bit); only a jitted function that a top-level grad differentiates alone,
+# whose call nothing is ever inlined with, runs whole programs (NOTE [a
+# jitted function differentiated alone] in primitives/call.py). Any
+# program run here keeps its calls (`jit_by_size`): a graph's
 # own calls (JAX's unrolled loop iterations) stay calls inside a combined
 # program, and inlined alone they would round otherwise. (Which NaN
 # an operation returns is not fixed either way: NaNs are equal, not their
