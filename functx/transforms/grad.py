@@ -295,11 +295,12 @@ def bind_argnums(func, args, kwargs, nums):
     return f_diff
 
 
+_JAX_JITTED = type(jax.jit(lambda: None))  # what jax.jit returns (a C++ type)
+
+
 def _is_jitted(func):
-    """Whether `func` is a `functx.jit` or `jax.jit` of a function."""
-    if getattr(func, "functx_jitted", None) is not None:
-        return True
-    return all(callable(getattr(func, a, None)) for a in ("lower", "trace", "eval_shape"))
+    """Whether `func` is what `functx.jit` or `jax.jit` returns."""
+    return type(func) is _JAX_JITTED or getattr(func, "functx_jitted", None) is not None
 
 
 def _grad_and_value(func, argnums, has_aux, name, holomorphic, allow_int):
