@@ -71,7 +71,7 @@ def is_jax_call(name):
 
 
 # NOTE [a jitted function differentiated alone]
-# A top-level `grad` (`value_and_grad`, `grad_and_value`) of a jitted
+# A top-level `grad` (or `grad_and_value`) of a jitted
 # function (`functx.jit(f)` or `jax.jit(f)`: `grad(jit(f))`, rewrapped or
 # not) records one `jit_call` and nothing else: its forward step is the
 # only step of its queue (a queue of one equation runs it: NOTE [deferred
