@@ -695,6 +695,45 @@ def test_a_jitted_function_differentiated_alone_compiles_its_programs_whole():
     assert [h for h, key in ev._PROGRAMS if key == ev.CALL_PROGRAM]
 
 
+def test_a_call_marked_alone_with_other_work_is_never_inlined(monkeypatch):
+    """NOTE [a jitted function differentiated alone]: should a marked call
+    ever share its queue and tape with other work, neither the queue nor
+    the backward pass is compiled into one program with it (the call would
+    round otherwise inlined): every call runs it step by step, the same
+    bits each time, equal to JAX's. Forced here by marking the jitted
+    function's call inside a larger function."""
+    import logging
+    import sys as _sys
+
+    names = []
+
+    class Listen(logging.Handler):
+        def emit(self, record):
+            names.append(record.getMessage())
+
+    monkeypatch.setattr(_sys.modules["functx.transforms.grad"], "_is_jitted", lambda f: True)
+    inner = fx.jit(lambda w: fnp.sum(fnp.tanh(W @ w) ** 2))
+    expected = jax.grad(lambda w: jnp.sum(jnp.tanh(W @ w) ** 2) * 2.0 + jnp.sum(jnp.sin(w)))(X)
+    g = fx.grad(lambda w: inner(w) * 2.0 + fnp.sum(fnp.sin(w)))
+    handler = Listen()
+    was = fx.config.read("log_compiles")
+    logging.getLogger("functx").addHandler(handler)
+    fx.config.update("log_compiles", True)
+    seen = set()
+    try:
+        for _ in range(6):
+            out = g(X)
+            caches.wait_for_compiles()
+            np.testing.assert_allclose(out, expected, rtol=1e-12)
+            seen.add(np.asarray(out).tobytes())
+    finally:
+        fx.config.update("log_compiles", was)
+        logging.getLogger("functx").removeHandler(handler)
+    assert len(seen) == 1
+    combined = [n for n in names if "functx_backward" in n or "functx_deferred" in n]
+    assert not combined, combined
+
+
 def test_a_build_no_lookup_asked_for_lately_is_dropped_not_compiled():
     """While the compile thread is behind, a pending build whose key no
     lookup has asked for in the last `stale_after` lookups is dropped when
