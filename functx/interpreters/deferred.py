@@ -77,7 +77,7 @@ from ..caches import staging as _staging
 from ..core import Aval, aval_of
 from ..errors import FunctxError
 from .eval import compile_ahead, compiled
-from .staging import Const, Eqn, Graph, StagingInterpreter, Var
+from .staging import Const, Eqn, Graph, StagingInterpreter, Var, holds_alone_call
 
 MAX_STEPS = 1024  # steps a queue holds before it runs them
 # A queue structure whose program no flush asked for during this many
@@ -316,12 +316,7 @@ class Queue:
 
 
 def _holds_alone_call(steps):
-    from ..primitives.call import holds_alone_call
-
-    for step, _ in steps:
-        if holds_alone_call(step.graph):
-            return True
-    return False
+    return any(holds_alone_call(step.graph) for step, _ in steps)
 
 
 def _run_steps(steps, inputs, live):

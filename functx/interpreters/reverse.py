@@ -70,6 +70,7 @@ from .staging import (
     Var,
     dce,
     eval_graph,
+    holds_alone_call,
     one_equation_graph,
 )
 
@@ -626,7 +627,7 @@ def compiled_backward(graph, cts):
     primitive."""
     if len(graph.eqns) < 2:  # one transposed equation is one dispatch already
         return None
-    if _holds_alone_call(graph):  # NOTE [a jitted function differentiated alone]
+    if holds_alone_call(graph):  # NOTE [a jitted function differentiated alone]
         return None
     concrete = True
     for c in cts:
@@ -718,12 +719,6 @@ def _tape_signature(graph):
 NOT_YET = object()  # queued_backward: the transpose is being staged
 
 
-def _holds_alone_call(graph):
-    from ..primitives.call import holds_alone_call
-
-    return holds_alone_call(graph)
-
-
 def queued_backward(graph, cts):
     """The backward pass as a step queued behind the forward steps whose
     outputs `graph` holds as constants; `NOT_YET` while its transpose is
@@ -733,7 +728,7 @@ def queued_backward(graph, cts):
     array nor queued, a cotangent that is not an array, a transpose that
     could not be staged, a tape of one equation: NOTE [eager reverse mode
     in few dispatches])."""
-    if _core.eager_hook is not None or len(graph.eqns) < 2 or _holds_alone_call(graph):
+    if _core.eager_hook is not None or len(graph.eqns) < 2 or holds_alone_call(graph):
         return None
     for c in cts:
         if type(c) is not ArrayImpl:

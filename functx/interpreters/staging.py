@@ -97,6 +97,26 @@ class Eqn:
         self.params = params
 
 
+# The mark a top-level grad puts on the name of the one jitted call it
+# differentiates (NOTE [a jitted function differentiated alone] in
+# primitives/call.py). Asked of graphs here, where the eager queue and the
+# reverse interpreter can ask without importing the primitives.
+ALONE = "[alone] "
+
+
+def is_alone(name):
+    return isinstance(name, str) and ALONE in name
+
+
+def holds_alone_call(graph):
+    """Whether `graph` has a marked call among its equations: it must not
+    be inlined into a larger program."""
+    found = graph.cache.get("holds alone call")
+    if found is None:
+        found = graph.cache["holds alone call"] = any(is_alone(e.params.get("name")) for e in graph.eqns)
+    return found
+
+
 class Graph:
     """A staged program: `inputs` (Vars), `eqns` and `outputs` (Vars or
     Consts). Graphs are immutable once built; `cache` holds what is derived

@@ -21,7 +21,7 @@ from ..interpreters.eval import (
 )
 from ..interpreters.jvp import jvp_graph
 from ..interpreters.reverse import inlined_calls, transpose_graph
-from ..interpreters.staging import eval_graph
+from ..interpreters.staging import ALONE, eval_graph, is_alone
 from .collectives import GraphCallPrimitive
 from .common import (
     Zero,
@@ -87,14 +87,10 @@ def is_jax_call(name):
 # with only the grad's own interpreters on the stack, so every call of
 # that structure runs the same whole programs; a queue, a queued or
 # compiled backward pass or a staged step that would hold a marked call
-# with anything else runs it step by step instead (`holds_alone_call`),
-# never inlined, so the bits still do not depend on the path.
-ALONE = "[alone] "
+# with anything else runs it step by step instead (`holds_alone_call` in
+# interpreters/staging.py, beside the mark `ALONE`), never inlined, so the
+# bits still do not depend on the path.
 _alone = threading.local()  # .depth: interpreters on the stack of a grad of a jitted function
-
-
-def is_alone(name):
-    return ALONE in name
 
 
 def call_name(name):
@@ -115,17 +111,6 @@ def differentiating_alone(depth):
     was = getattr(_alone, "depth", None)
     _alone.depth = depth
     return was
-
-
-def holds_alone_call(graph):
-    """Whether `graph` has a marked call among its equations (NOTE [a jitted
-    function differentiated alone]): it must not be inlined into a larger
-    program."""
-    found = graph.cache.get("holds alone call")
-    if found is None:
-        found = graph.cache["holds alone call"] = any(
-            e.prim is jit_call and is_alone(e.params["name"]) for e in graph.eqns)
-    return found
 
 
 # a backward pass transposes them equation by equation, as the path without
