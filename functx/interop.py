@@ -532,6 +532,25 @@ def install():
         lax_module.asarray = asarray
     except (ImportError, AttributeError):  # pragma: no cover
         pass
+    # JAX's lax wrappers make a number into a constant shaped like their
+    # operand with `lax._const`, after asking `isinstance(c, core.Tracer)`
+    # (a functx value is not one): jax 0.12's `lax.polynomial` sends a
+    # rank-0 functx coefficient there, to `np.array`. A functx value is
+    # never a constant to JAX: it takes the operand's dtype and stays a value.
+    try:
+        from jax._src.lax import lax as lax_module
+
+        lax_const = lax_module._const
+
+        def _const(example, val):
+            if type(val) in TRACER_TYPES:
+                return lax_module.convert_element_type(val, lax_module._dtype(example))
+            return lax_const(example, val)
+
+        _const.__wrapped__ = lax_const
+        lax_module._const = _const
+    except (ImportError, AttributeError):  # pragma: no cover
+        pass
     try:
         import jax.numpy as jnp
         from jax._src.numpy import array_constructors

@@ -145,6 +145,34 @@ def test_a_primitive_with_no_lowering_runs_by_its_python_implementation():
     assert close(fx.vmap(f)(XS), jax.vmap(f)(XS))
 
 
+def test_a_functx_value_given_to_jax_as_a_number_stays_a_value():
+    """JAX's lax wrappers turn numbers into constants with `lax._const`
+    after asking whether the value is a JAX tracer; a functx value is not
+    one, so it reached NumPy and was refused. It is kept a value: its
+    derivative and batch flow as JAX's would."""
+    from jax._src.lax import lax as lax_module
+
+    def scaled(c):  # the constant maker as every lax wrapper calls it
+        return jnp.sum(jnp.cos(XS * lax_module._const(XS, c)))
+
+    c = jnp.float32(0.7)
+    assert close(fx.grad(scaled)(c), jax.grad(lambda c: jnp.sum(jnp.cos(XS * c)))(c))
+    cs = jnp.array([0.2, 0.7, 1.1])
+    assert close(fx.vmap(scaled)(cs), jax.vmap(lambda c: jnp.sum(jnp.cos(XS * c)))(cs))
+
+
+@pytest.mark.skipif(not hasattr(jax.lax, "polynomial"), reason="jax.lax.polynomial is new in jax 0.12")
+def test_polynomial_with_a_functx_coefficient_matches_jax():
+    def f(c, x):
+        return jnp.sum(jax.lax.polynomial(x, [1.0, c, 2.0, -0.5]))
+
+    c = jnp.float32(3.0)
+    for argnums in (0, 1):
+        assert close(fx.grad(f, argnums=argnums)(c, X), jax.grad(f, argnums=argnums)(c, X))
+    cs = jnp.array([0.5, 1.0, 3.0])
+    assert close(fx.vmap(f, in_dims=(0, None))(cs, X), jax.vmap(f, in_axes=(0, None))(cs, X))
+
+
 def test_a_primitive_without_any_jax_rule_names_itself_and_the_transform():
     def f(v):
         return jnp.sum(jax.lax.linalg.cholesky_update(jnp.eye(2) * 2.0, v))
