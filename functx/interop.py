@@ -419,17 +419,27 @@ def install():
         jit_p = None
 
     trace_ctx = jcore.trace_ctx
+    from jax._src.config import eager_constant_folding as folding
+
     from .primitives.collectives import LIVE_NAMED as live_named
 
     def bind_hook(self, *args, **params):
+        constants = False
         for a in args:
             if type(a) in TRACER_TYPES:
                 check_usable(a)  # NOTE [escaped tracers]
+                if a._interp.jax_trace is trace_ctx.trace:
+                    return bind_jax(self, args, params)
                 # Bound under a JAX trace begun inside the functx transform
                 # (a loop body closing over a functx value): JAX stages the
                 # functx values as constants of that trace.
-                if a._interp.jax_trace is trace_ctx.trace:
-                    return bind_jax(self, args, params)
+                constants = True
+        if constants and folding.value:
+            # ...also under functx's staging, which folds constants
+            # (staging.stage): a functx value is no JAX tracer, so JAX would
+            # evaluate the operation on it rather than stage it
+            with folding(False):
+                return bind_hook(self, *args, **params)
         if self is jit_p and _closes_over_functx(params):
             return bind_jax(self, args, params)
         if live_named[0] and self.name in _CALLS and _names_at_this_level(params):

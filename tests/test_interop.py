@@ -65,6 +65,25 @@ def test_functx_jit_of_transforms_of_jax_code():
     assert close(fx.jit(fx.grad(g))(X), jax.grad(g)(X))
 
 
+def test_jax_functions_on_a_closed_over_functx_value_inside_loop_bodies_under_staging():
+    """A loop body or branch that applies a jax.numpy function (itself a
+    `jax.jit`) to a functx value it closes over, while functx stages the
+    whole function (`grad(jit(f))`): functx's staging folds constants, and
+    JAX evaluated the body's operation on the functx value instead of
+    staging it (a TypeError before the fix)."""
+    def f(x):
+        a = jax.lax.fori_loop(0, 2, lambda i, c: c * jnp.cos(x), x)
+        b = jax.lax.cond(True, lambda: jnp.sin(x) * jnp.power(x, 2.0), lambda: x)
+        c = jax.lax.scan(lambda c, v: (c * jnp.tanh(x[0]) + v, None), 1.0, x)[0]
+        return (a * b).sum() + c
+
+    expected = jax.grad(f)(X)
+    assert close(fx.grad(fx.jit(f))(X), expected)
+    assert close(fx.jit(fx.grad(f))(X), expected)
+    assert close(fx.vmap(fx.grad(fx.jit(f)))(XS), jax.vmap(jax.grad(f))(XS))
+    assert close(fx.jacrev(fx.jit(lambda x: f(x) * x))(X), jax.jacrev(lambda x: f(x) * x)(X))
+
+
 def test_data_dependent_branch_in_jax_code_under_vmap_names_the_line():
     with pytest.raises(fx.ConcretizationError, match="test_interop.py"):
         fx.vmap(FUNCTIONS["python if"])(XS)
