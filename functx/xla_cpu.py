@@ -366,10 +366,14 @@ def ask_ahead():
     (`isolation()`) on a short-lived thread, once: called as the first
     transform call of the process begins, so that the tiny compile (20-30
     ms on the 2-core VM) overlaps the call's staging instead of delaying
-    its first program."""
+    its first program. Not a daemon: the interpreter waits for it at exit.
+    A daemon thread still inside XLA's compiler when the interpreter ends
+    (a script whose first call raised at once) is stopped by unwinding its
+    C++ frames, and the process aborted ("FATAL: exception not
+    rethrown")."""
     if KEEP_CALLS_KEY not in _taken and not _asking:
         _asking.append(True)
-        threading.Thread(target=isolation, name="functx-options", daemon=True).start()
+        threading.Thread(target=isolation, name="functx-options").start()
 
 
 KEEP_CALLS_KEY = tuple(KEEP_CALLS.items())

@@ -1081,6 +1081,40 @@ def test_the_first_call_asks_for_the_compile_options_on_another_thread():
     assert out == "functx-options ['MainThread', 'functx-options'] True [] [0.0, 2.0, 4.0]", out
 
 
+_OPTIONS_THREAD_AT_EXIT = """
+import sys, time
+import functx as fx
+from functx import xla_cpu
+isolation = xla_cpu.isolation
+def slow():
+    time.sleep(0.5)  # still asking when the script ends
+    isolation()
+    print("asked", flush=True)
+xla_cpu.isolation = slow
+def f(x):
+    raise ValueError("boom")
+try:
+    fx.grad(f)(1.0)
+except ValueError:
+    print("raised", flush=True)
+"""
+
+
+def test_the_interpreter_waits_for_the_options_thread_at_exit():
+    """A script whose first transform call raises at once ends while the
+    thread asking the jaxlib about compile options (`xla_cpu.ask_ahead`)
+    still compiles. As a daemon, the interpreter stopped it inside XLA's
+    compiler at exit, and the process aborted (SIGABRT, "FATAL: exception
+    not rethrown"); the interpreter now waits for it."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run = subprocess.run([sys.executable, "-c", _OPTIONS_THREAD_AT_EXIT], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["raised", "asked"], run.stdout
+
+
 @pytest.mark.slow
 def test_a_full_collection_overdue_at_import_runs_before_the_first_call():
     """NOTE [full collections between calls]: importing JAX and functx can
