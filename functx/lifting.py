@@ -11,7 +11,12 @@ shapes, dtypes, static (non-array) arguments and JAX's tracing options
 (`config.trace_context()`, as jax.jit keys its caches: a
 `jax.default_matmul_precision` context is baked into the products a jaxpr
 holds), so a second call with the same kinds of arguments costs only the
-replay.
+replay. A `jax.custom_jvp` / `jax.custom_vjp` object among the static
+arguments (the `self` of its lifted `__call__`) is keyed by identity, held
+weakly, and its entry remembers the rules the object held when it was staged
+(`_rules_of`): `defjvp` / `defvjp` on the same object replace its rules, and
+the next call stages it again, replacing the entry (JAX's eager transforms
+read the rules at every call too).
 
 Replaying inlines `closed_call` / `checkpoint` (remat) equations, and `jit`
 equations except where the transforms run eagerly: there each is one
@@ -25,6 +30,7 @@ inputs is a functx value; otherwise it raises an error naming the primitive.
 """
 
 import types
+import weakref
 
 import jax
 import jax.extend.core
@@ -32,6 +38,7 @@ import numpy as np
 from jax import tree_util
 from jax._src import config as jconfig
 from jax._src import core as jcore
+from jax._src import custom_derivatives as jcustom
 
 from . import caches
 from .core import (
@@ -337,6 +344,7 @@ def call_lifted(fn, args, kwargs, replay=False):
         return fn(*args, **kwargs)
     key_parts = []
     dynamic = []
+    customs = []
     for leaf in leaves:
         if type(leaf) in TRACER_TYPES:
             dynamic.append(leaf)
@@ -346,6 +354,9 @@ def call_lifted(fn, args, kwargs, replay=False):
             key_parts.append(aval_of(leaf))
         elif type(leaf) is _FunctionType:
             key_parts.append(caches.WeakRef(leaf))
+        elif isinstance(leaf, _CUSTOM_TYPES):  # NOTE [lifting]: checked on a hit
+            key_parts.append(caches.WeakRef(leaf))
+            customs.append(leaf)
         else:
             key_parts.append(_StaticKey(leaf))
     # JAX's tracing options in force (`jax.default_matmul_precision`,
@@ -357,11 +368,62 @@ def call_lifted(fn, args, kwargs, replay=False):
         entry = _CACHE.get(key)
     except TypeError:  # an unhashable static argument: stage without caching
         key, entry = None, None
+    if entry is not None and entry.rules is not None and not _same_rules(entry.rules, customs):
+        entry = None  # rules redefined since it was staged: staged again, replacing it
     if entry is None:
         entry, cacheable = _stage(treedef, leaves, key_parts)
         if key is not None and cacheable:
+            if customs:
+                entry.rules = _held_rules(customs)
             _CACHE.put(key, entry)
     return entry(dynamic)
+
+
+_CUSTOM_TYPES = (jcustom.custom_jvp, jcustom.custom_vjp)
+
+
+def _rules_of(obj):
+    """What `defjvp` / `defvjp` set on a jax.custom_jvp / custom_vjp object
+    (jax._src.custom_derivatives keeps them as plain attributes), and its
+    function."""
+    d = obj.__dict__
+    if isinstance(obj, jcustom.custom_vjp):
+        return (d.get("fun"), d.get("fwd"), d.get("bwd"), d.get("symbolic_zeros"),
+                d.get("optimize_remat"))
+    return (d.get("fun"), d.get("jvp"), d.get("symbolic_zeros"))
+
+
+def _held_rules(customs):
+    """`_rules_of` each object, its functions held weakly where they can be
+    (the staged program holds what it traced from them anyway)."""
+    held = []
+    for obj in customs:
+        for r in _rules_of(obj):
+            try:
+                held.append(_WeakRule(r))
+            except TypeError:  # not weakly referable: a bool, None, some callables
+                held.append(r)
+    return tuple(held)
+
+
+class _WeakRule(weakref.ref):
+    __slots__ = ()
+
+
+def _same_rules(held, customs):
+    """Do the objects hold, by identity, the rules they held when staged?"""
+    i = 0
+    for obj in customs:
+        for r in _rules_of(obj):
+            h = held[i]
+            if type(h) is _WeakRule:
+                h = h()
+                if h is None:
+                    return False
+            if h is not r:
+                return False
+            i += 1
+    return i == len(held)
 
 
 class ByIdentity:
@@ -436,12 +498,13 @@ class _Staged:
     """A cached staged function: its program and how to rebuild the output
     pytree from the program's array outputs and the static leaves."""
 
-    __slots__ = ("program", "out_tree", "static")
+    __slots__ = ("program", "out_tree", "static", "rules")
 
     def __init__(self, program, out_tree, static):
         self.program = program
         self.out_tree = out_tree
         self.static = static
+        self.rules = None  # NOTE [lifting]: `_held_rules` of the custom objects staged
 
     def __call__(self, dynamic):
         arrays = iter(self.program(dynamic))

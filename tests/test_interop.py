@@ -577,3 +577,40 @@ def test_jax_code_trying_for_a_static_integer_takes_its_traced_path_under_vmap()
     with pytest.raises(fx.IndexConcretizationError, match="vmap") as info:
         fx.vmap(index)(shifts)
     assert isinstance(info.value, TypeError) and isinstance(info.value, fx.ConcretizationError)
+
+
+def test_redefined_custom_rules_take_effect_and_the_object_is_held_weakly():
+    """`defvjp` / `defjvp` again on the same jax.custom_vjp / custom_jvp
+    object: the next call uses the new rule, as JAX's transforms do (before:
+    the lifted program staged with the old rule was reused, keyed on the
+    object, which stays the same). The cache does not keep the object alive
+    (NOTE [lifting])."""
+    import gc
+    import weakref
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x) * x
+
+    @jax.custom_jvp
+    def h(x):
+        return jnp.sin(x) * x
+
+    for k in (1.0, 2.0, 3.0):
+        f.defvjp(lambda x: (jnp.sin(x) * x, x), lambda x, g, k=k: (k * g * x,))
+        h.defjvp(lambda p, t, k=k: (jnp.sin(p[0]) * p[0], k * t[0] * p[0]))
+        for _ in range(2):  # the second call through the caches
+            assert close(fx.grad(lambda x: f(x).sum())(X), jax.grad(lambda x: f(x).sum())(X))
+            assert close(fx.vmap(fx.grad(f))(X), jax.vmap(jax.grad(f))(X))
+            assert close(fx.grad(lambda x: h(x).sum())(X), jax.grad(lambda x: h(x).sum())(X))
+            assert close(fx.jvp(h, (X,), (X,)), jax.jvp(h, (X,), (X,)))
+            assert close(fx.jit(fx.grad(f))(0.5), jax.grad(f)(0.5))
+    refs = weakref.ref(f), weakref.ref(h)
+    del f, h
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+    q = jax.custom_jvp(lambda x: jnp.sin(x) * x)
+    for k in (4.0, 5.0):  # (defjvps's rule calls the object: the program holds it)
+        q.defjvps(lambda t, y, x, k=k: k * t)
+        assert close(fx.grad(lambda x: q(x).sum())(X), jax.grad(lambda x: q(x).sum())(X))
