@@ -485,6 +485,62 @@ def test_closures_and_jax_interplay():
     _check(jax.jit(run)(jnp.asarray(0.5)))
 
 
+def test_jax_transforms_around_functx_transforms_keep_custom_rules():
+    """NOTE [custom rules under JAX's transforms]: `jax.grad` of a function
+    calling `functx.vmap(f)`, or `jax.jit(functx.vmap(f))` inside a functx
+    transform, with `f` a custom_jvp / custom_vjp function (lifted from JAX,
+    batched, with a nondiff argument): the rule is used, not the body.
+    Before, relu'(0) came out 0.5 and a rule whose derivative differs from
+    the body's was ignored."""
+    @jax.custom_jvp
+    def f(x):
+        return 3.0 * x
+
+    f.defjvp(lambda p, t: (f(p[0]), 2.0 * t[0]))  # not the body's derivative
+
+    @jax.custom_vjp
+    def g(x):
+        return jnp.sin(x)
+
+    g.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda c, ct: (2.0 * c * ct,))
+
+    @partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def h(k, x):
+        return jnp.tanh(x) * k
+
+    h.defvjp(lambda k, x: (h(k, x), x), lambda k, x, ct: (3.0 * k * ct,))
+
+    x = jnp.array([-1.0, 0.0, 0.5])
+    fsum = lambda fn, vmap: lambda x: vmap(fn)(x).sum()  # noqa: E731
+    hk = lambda x: h(2.0, x)  # noqa: E731
+    _check({
+        "jax.grad(vmap(custom_jvp))": (jax.grad(fsum(f, fx.vmap))(x), jax.grad(fsum(f, jax.vmap))(x)),
+        "jax.grad(vmap(custom_vjp))": (jax.grad(fsum(g, fx.vmap))(x), jax.grad(fsum(g, jax.vmap))(x)),
+        "jax.grad(vmap(nondiff))": (jax.grad(fsum(hk, fx.vmap))(x), jax.grad(fsum(hk, jax.vmap))(x)),
+        "jax.jvp(vmap(custom_jvp))": (jax.jvp(fx.vmap(f), (x,), (x,)), jax.jvp(jax.vmap(f), (x,), (x,))),
+        "relu under jax.jit(vmap)": (fx.grad(lambda x: jax.jit(fx.vmap(jax.nn.relu))(x).sum())(x),
+                                     jax.grad(lambda x: jax.vmap(jax.nn.relu)(x).sum())(x)),
+        "jax.jit(vmap(custom_vjp)) in grad": (
+            fx.grad(lambda x: jax.jit(fx.vmap(g))(x).sum())(x), jax.grad(fsum(g, jax.vmap))(x)),
+        "jax.grad(grad(custom_jvp))": (jax.grad(fx.grad(lambda x: f(x) * x))(1.5),
+                                       jax.grad(jax.grad(lambda x: f(x) * x))(1.5)),
+        "jax.jacfwd(vmap)": (jax.jacfwd(fx.vmap(f))(x), jax.jacfwd(jax.vmap(f))(x)),
+        "jax.jit(jax.grad(vmap))": (jax.jit(jax.grad(fsum(g, fx.vmap)))(x),
+                                    jax.grad(fsum(g, jax.vmap))(x)),
+    })
+
+    def closing(c):  # the rule ignores `c`'s derivative: refused, as JAX refuses it
+        @jax.custom_jvp
+        def k(x):
+            return jnp.sin(x) * c
+
+        k.defjvp(lambda p, t: (k(p[0]), jnp.cos(p[0]) * t[0] * c))
+        return fx.vmap(k)(x).sum()
+
+    with pytest.raises(fx.FunctxError, match="custom_jvp function .* under a JAX transform"):
+        jax.grad(closing)(2.0)
+
+
 def test_errors():
     def closing(w):
         @fx.custom_jvp

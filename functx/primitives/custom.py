@@ -30,8 +30,9 @@ and raises instead of giving a silently wrong derivative.
 
 Evaluation is the graph, except under JAX's tracing: a decorator's
 function without consts then goes to its jax.custom_jvp / custom_vjp twin,
-so a functx.custom_jvp function inside lifted JAX code, or under JAX's own
-transforms, keeps its rule (`_call_impl`).
+and any other to a JAX custom function made around its rule object (NOTE
+[custom rules under JAX's transforms]), so a custom function inside lifted
+JAX code, or under JAX's own transforms, keeps its rule (`_call_impl`).
 
 NOTE [forward mode of custom_vjp]
 JAX refuses `jvp` of a custom_vjp function. functx derives it: `custom_lin`
@@ -285,15 +286,135 @@ def _batched_primal_avals(rule, size, dims):
 
 
 def _call_impl(*args, call, num_consts, **params):
-    # Under JAX's tracing (jax.jit, or a lifted JAX function being staged),
-    # a decorator's function goes to its jax.custom_jvp / custom_vjp twin,
-    # so JAX's transforms and functx's lifting still see its rule; that is
-    # possible when it reads no closed-over or nondiff value.
+    # Under JAX's tracing (jax.jit, jax.grad, or a lifted JAX function being
+    # staged: JAX's transforms outside functx's), the rule must reach JAX:
+    # a decorator's function without consts goes to its jax.custom_jvp /
+    # custom_vjp twin; any other (a rule lifted from JAX, a batched one,
+    # one with consts) to a JAX custom function made around the rule object
+    # (NOTE [custom rules under JAX's transforms]).
     rule = params.get("jvp") or params.get("rule")
-    if num_consts == 0 and hasattr(rule, "jax_call") and any(
-            isinstance(a, JaxTracer) for a in args):
-        return rule.jax_call(args)
+    if any(isinstance(a, JaxTracer) for a in args):
+        if num_consts == 0 and hasattr(rule, "jax_call"):
+            return rule.jax_call(args)
+        return _jax_twin(call, rule, num_consts, "jvp" in params)(*args)
     return eval_graph(call, args)
+
+
+# NOTE [custom rules under JAX's transforms]
+# A functx transform can run inside a JAX one: `jax.grad` of a function
+# that calls `functx.vmap(f)`, or `jax.jit(functx.vmap(f))` inside a functx
+# transform. The custom function's primitive then reaches the bottom of
+# functx's stack with JAX tracers as its inputs, and evaluating its graph
+# there would hand JAX the function's body, so JAX would differentiate the
+# body and not the rule (`relu'(0)` became 0.5). Instead the call becomes a
+# jax.custom_jvp / jax.custom_vjp function whose rules call the rule object
+# on the JAX values (functx's primitives on JAX values run as JAX's). The
+# consts (closed-over values, nondiff arrays) are its leading arguments,
+# and the rules ask JAX which inputs carry tangents (symbolic zeros): a
+# const that does is refused as functx refuses it (`_check_closure`), a
+# primal that does not is a functx Zero. Made once per rule object and
+# kind (`rule.handles`).
+def _jax_twin(call, rule, num_consts, is_jvp):
+    key = ("jax twin", call, num_consts)
+    handles = rule.handles
+    twin = handles.get(key)
+    if twin is None:
+        twin = handles[key] = (_jax_jvp_twin if is_jvp else _jax_vjp_twin)(call, rule, num_consts)
+    return twin
+
+
+def _zero_of(t, aval):
+    """functx's Zero for a JAX symbolic zero, else `t`."""
+    from jax.custom_derivatives import SymbolicZero
+
+    return Zero(aval) if isinstance(t, SymbolicZero) else t
+
+
+def _refuse_perturbed_consts(rule, perturbed_consts, avals):
+    """`_check_closure` for JAX's flags of which consts carry tangents."""
+    for p, a in zip(perturbed_consts, avals):
+        if p:
+            raise FunctxRuntimeError(
+                f"differentiating {rule.kind} function `{rule.name}` under a JAX "
+                f"transform: the function reads a value ({a.str_short()}) that is being "
+                "differentiated without taking it as an argument, and its custom rule "
+                "cannot say how the output depends on it. Pass that value as an explicit "
+                f"argument of the {rule.kind} function instead of closing over it."
+            )
+
+
+def _instantiated(touts, outs):
+    return [tangent_value(t, aval_of(o)) if type(t) is Zero else t for t, o in zip(touts, outs)]
+
+
+def _jax_jvp_twin(call, rule, nc):
+    def primal(*args):
+        return eval_graph(call, list(args))
+
+    fn = jax.custom_jvp(primal)
+
+    def jvp(primals, tangents):
+        primals = list(primals)
+        avals = [aval_of(x) for x in primals]
+        from jax.custom_derivatives import SymbolicZero
+
+        _refuse_perturbed_consts(rule, [not isinstance(t, SymbolicZero) for t in tangents[:nc]],
+                                 avals[:nc])
+        ts = [_zero_of(t, a) for t, a in zip(tangents[nc:], avals[nc:])]
+        if all(type(t) is Zero for t in ts):
+            outs = eval_graph(call, primals)
+            return outs, [tangent_value(Zero(aval_of(o)), aval_of(o)) for o in outs]
+        outs, touts = rule(primals[:nc], primals[nc:], ts)
+        return list(outs), _instantiated(touts, outs)
+
+    fn.defjvp(jvp, symbolic_zeros=True)
+    return fn
+
+
+def _jax_vjp_twin(call, rule, nc):
+    def primal(*args):
+        return eval_graph(call, list(args))
+
+    fn = jax.custom_vjp(primal)
+    trees = {}  # residual structure by the flags of the inputs that carry tangents
+
+    def fwd(*args):
+        values = [a.value for a in args]
+        flags = tuple(bool(a.perturbed) for a in args)
+        avals = [aval_of(x) for x in values]
+        _refuse_perturbed_consts(rule, flags[:nc], avals[:nc])
+        inner = rule
+        for_flags = getattr(rule, "for_flags", None)  # a rule lifted from JAX
+        if for_flags is not None and any(flags[nc:]):
+            inner = for_flags(flags[nc:])
+        with perturbed_while(flags[nc:]):
+            outs, res, res_tree = inner.fwd(values[:nc], values[nc:])
+        # the residuals' pytree structure (static for JAX) names the flags
+        tag = "".join("1" if f else "0" for f in flags)
+        trees[tag] = (inner, res_tree, avals)
+        return list(outs), {tag: list(res)}
+
+    def bwd(saved, cts):
+        (tag, res), = saved.items()
+        inner, res_tree, avals = trees[tag]
+        cts = [Zero(a) if _is_symbolic_zero(c) else c for c, a in zip(cts, call.out_avals)]
+        in_cts = inner.bwd(res_tree, res, cts)
+        zeros = [_jax_zero_ct(a) for a in avals[:nc]]
+        return tuple(zeros + [_jax_zero_ct(a) if type(c) is Zero else c
+                              for c, a in zip(in_cts, avals[nc:])])
+
+    fn.defvjp(fwd, bwd, symbolic_zeros=True)
+    return fn
+
+
+def _is_symbolic_zero(c):
+    from jax.custom_derivatives import SymbolicZero
+
+    return isinstance(c, SymbolicZero)
+
+
+def _jax_zero_ct(aval):
+    return full_zeros(aval) if is_float(aval) else float0_zeros(aval)
 
 
 def _call_shape(*avals, call, **params):
