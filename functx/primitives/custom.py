@@ -397,24 +397,15 @@ def _jax_vjp_twin(call, rule, nc):
     def bwd(saved, cts):
         (tag, res), = saved.items()
         inner, res_tree, avals = trees[tag]
-        cts = [Zero(a) if _is_symbolic_zero(c) else c for c, a in zip(cts, call.out_avals)]
+        cts = [_zero_of(c, a) for c, a in zip(cts, call.out_avals)]
         in_cts = inner.bwd(res_tree, res, cts)
-        zeros = [_jax_zero_ct(a) for a in avals[:nc]]
-        return tuple(zeros + [_jax_zero_ct(a) if type(c) is Zero else c
-                              for c, a in zip(in_cts, avals[nc:])])
+        zeros = [tangent_value(Zero(a), a) for a in avals[:nc]]
+        return tuple(zeros + [tangent_value(c, a) for c, a in zip(in_cts, avals[nc:])])
 
     fn.defvjp(fwd, bwd, symbolic_zeros=True)
     return fn
 
 
-def _is_symbolic_zero(c):
-    from jax.custom_derivatives import SymbolicZero
-
-    return isinstance(c, SymbolicZero)
-
-
-def _jax_zero_ct(aval):
-    return full_zeros(aval) if is_float(aval) else float0_zeros(aval)
 
 
 def _call_shape(*avals, call, **params):
