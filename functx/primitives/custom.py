@@ -406,8 +406,6 @@ def _jax_vjp_twin(call, rule, nc):
     return fn
 
 
-
-
 def _call_shape(*avals, call, **params):
     return call.out_avals
 
