@@ -541,6 +541,36 @@ def test_jax_transforms_around_functx_transforms_keep_custom_rules():
         jax.grad(closing)(2.0)
 
 
+def test_a_jax_rule_closing_over_a_functx_value_is_refused_by_name():
+    """A jax.custom_jvp / custom_vjp whose rule reads a value of an
+    enclosing functx transform through its closure: functx cannot hand it
+    to the rule JAX traces, and says so (an internal AssertionError before)."""
+    def h(z):
+        def f(x):
+            @jax.custom_jvp
+            def g(y):
+                return x * y
+
+            g.defjvp(lambda p, t: (x * p[0], x * t[0]))
+            return g(z)
+
+        return fx.vmap(f)(jnp.arange(3.0))
+
+    with pytest.raises(fx.FunctxError, match="custom_jvp function `g`.*explicit argument"):
+        fx.jvp(h, (1.0,), (2.0,))
+
+    def outer(x):
+        @jax.custom_vjp
+        def f(y):
+            return x * y
+
+        f.defvjp(lambda y: (f(y), (x, jnp.cos(y))), lambda res, g: (res[1] * g * res[0],))
+        return f
+
+    with pytest.raises(fx.FunctxError, match="custom_vjp function `f`.*explicit argument"):
+        fx.vmap(lambda x: fx.grad(outer(x))(3.0))(jnp.arange(3.0))
+
+
 def test_errors():
     def closing(w):
         @fx.custom_jvp

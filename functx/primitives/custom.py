@@ -703,10 +703,25 @@ batch_rules[custom_lin] = _lin_batch
 # Lifting JAX's custom_jvp_call / custom_vjp_call (NOTE [lifting])
 
 
-def _graph_of(closed_jaxpr, in_tracers=None):
+def _graph_of(closed_jaxpr, in_tracers=None, rule=None):
     """A jaxpr as a functx Graph, its equations on literals alone computed
-    as concrete constants (NOTE [constants inside rules] in control.py)."""
+    as concrete constants (NOTE [constants inside rules] in control.py).
+    `rule`: the rule object whose JAX rule the jaxpr was traced from."""
     from ..lifting import graph_of_jaxpr
+
+    for c in closed_jaxpr.consts:
+        if isinstance(c, Tracer):
+            # a JAX rule closing over a value of an enclosing functx
+            # transform (JAX reuses its own trace there; functx cannot yet)
+            what = f"{rule.kind} function `{rule.name}`" if rule is not None else "a custom function"
+            raise FunctxRuntimeError(
+                f"{what} (lifted from JAX): its custom rule reads a value of an enclosing "
+                f"functx transform ({aval_of(c).str_short()}) through its closure, which "
+                "functx cannot hand to a rule traced by JAX. Pass that value as an "
+                "explicit argument of the function (JAX's nondiff_argnums for a value "
+                "that is not differentiated), or define the function with "
+                "functx.custom_jvp / functx.custom_vjp, whose rules may close over it."
+            )
 
     with jax.ensure_compile_time_eval():
         return graph_of_jaxpr(closed_jaxpr, in_tracers)
@@ -746,7 +761,7 @@ class _LiftedJVPRule:
         jaxpr, jconsts, out_zeros = self.fun.call_wrapped(*[False] * len(self.primal_avals))
         closed, self.picks, tracers = _closure_as_inputs(jaxpr, jconsts, self.operands,
                                                          self, "jvp rule")
-        self.graph = _graph_of(closed, tracers)
+        self.graph = _graph_of(closed, tracers, self)
         self.out_zeros = list(out_zeros)
         self.operands = ()  # not needed any more
 
@@ -946,7 +961,7 @@ class _LiftedVJPRule:
             _literal_value(next(computed)) if f is None else _NOT_LITERAL for f in self.forwards)
         closed, self.fwd_picks, tracers = _closure_as_inputs(jaxpr, jconsts, self.operands,
                                                              self, "fwd rule")
-        self.fwd_graph = _graph_of(closed, tracers)
+        self.fwd_graph = _graph_of(closed, tracers, self)
 
     def fwd(self, consts, primals):
         if self.fwd_graph is None:
@@ -1009,7 +1024,7 @@ class _LiftedVJPRule:
                     "function as an argument, or write it with functx.custom_vjp."
                 )
             slots = tuple(self.carried.index(i) for i in picks)
-            hit = self.bwd_graphs[avals, zero_cts] = (_graph_of(closed, tracers), slots,
+            hit = self.bwd_graphs[avals, zero_cts] = (_graph_of(closed, tracers, self), slots,
                                                       list(zeros))
         return hit
 
