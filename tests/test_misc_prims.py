@@ -94,6 +94,99 @@ def test_abs_derivative_at_zero_matches_jax():
 
 
 # --------------------------------------------------------------------------
+# pow: JAX guards the derivative in x (0 where y == 0) for integer exponents
+# only; a floating or complex exponent takes y x^(y - 1) as it is, so
+# d/dx at 0 ** 0 is NaN and the mixed partial at (4, 0) is 1/4, not 0.
+# Compared op by op, not in one jax.jit: at these points Jacobian entries
+# are 0 * NaN and 0 * inf (a basis' zeros times a NaN partial), and whether
+# a compiled program keeps those NaNs depends on how XLA simplifies the
+# whole program (and JAX's and functx's programs differ).
+
+_POW = fx.lift(lax.pow)
+
+
+def _same_as_jax(got, want):
+    for key in want:  # NaN where JAX has NaN (assert_allclose's equal_nan)
+        try:
+            close(got[key], want[key], tol=1e-12)
+        except AssertionError as e:
+            raise AssertionError(f"pow, {key}: {e}") from None
+
+
+@pytest.mark.slow
+def test_pow_derivative_in_x_is_guarded_for_integer_exponents_only():
+    got, want = {}, {}
+    pairs = {  # name -> derivative of pow, given the transforms' module and pow
+        "fwd_fwd": lambda T, f: T.jacfwd(T.jacfwd(f, (0, 1)), (0, 1)),
+        "rev_rev": lambda T, f: T.jacrev(T.jacrev(f, (0, 1)), (0, 1)),
+        "grad": lambda T, f: T.grad(f),
+    }
+    cases = [((4.0, 0.0), jnp.float64), ((4.0, 0.0), jnp.float32), ((0.0, 0.0), jnp.float64)]
+    for (x, y), dtype in cases:
+        for name, d in pairs.items():
+            key, args = f"{name}{x, y} {dtype.__name__}", (dtype(x), dtype(y))
+            got[key], want[key] = d(fx, _POW)(*args), d(jax, lax.pow)(*args)
+    # d/dy d/dx x^y = x^(y - 1) (1 + y log x): 1/4 at (4, 0); d/dx at (0, 0): 0 * 0^-1
+    assert want["rev_rev(4.0, 0.0) float64"][0][1] == 0.25
+    assert np.isnan(want["grad(0.0, 0.0) float64"])
+    got["power"], want["power"] = fx.grad(fx.numpy.power)(0.0, 0.0), jax.grad(jnp.power)(0.0, 0.0)
+    # an integer exponent keeps the guard: x^0 has derivative 0, also at x = 0
+    xs, ns = jnp.array([0.0, 0.0, 0.0, 2.0]), jnp.array([0, 1, 2, 0], jnp.int32)
+    got["int"] = fx.jacfwd(lambda x: _POW(x, ns))(xs)
+    want["int"] = jax.jacfwd(lambda x: lax.pow(x, ns))(xs)
+    _same_as_jax(got, want)
+
+
+@pytest.mark.slow
+def test_pow_first_second_and_third_derivatives_match_jax_at_singular_points():
+    argnums = (0, 1)
+    compositions = {  # name -> derivative of pow, given the transforms' module and pow
+        "grad_x": lambda T, f: T.grad(f), "grad_y": lambda T, f: T.grad(f, 1),
+        "fwd_fwd": lambda T, f: T.jacfwd(T.jacfwd(f, argnums), argnums),
+        "rev_rev": lambda T, f: T.jacrev(T.jacrev(f, argnums), argnums),
+        "fwd_rev": lambda T, f: T.jacfwd(T.jacrev(f, argnums), argnums),
+        "hessian": lambda T, f: T.hessian(f, argnums),
+        "third": lambda T, f: T.jacfwd(T.jacrev(T.jacfwd(f, argnums), argnums), argnums),
+    }
+    points = [(4.0, 0.0), (0.0, 0.0), (0.0, 2.0), (2.0, 3.0), (-2.0, 2.0), (-2.0, 0.5),
+              (0.0, 1.0), (0.0, -1.0), (3.0, -1.5)]
+    got, want = {}, {}
+    for x, y in points:
+        for name, d in compositions.items():
+            key, args = f"{name}{x, y}", (jnp.float64(x), jnp.float64(y))
+            got[key], want[key] = d(fx, _POW)(*args), d(jax, lax.pow)(*args)
+
+    # integer exponents, also 0 and 1 at x = 0 (x^1's second derivative is
+    # 0 * 0^-1, NaN, in JAX: the inner pow has a floating exponent)
+    xs = jnp.array([0.0, 0.0, 0.0, 0.0, 2.0, -2.0, 3.0, 0.0])
+    ns = jnp.array([0, 1, 2, -1, 0, 3, -2, 3], jnp.int32)
+    pow_n, pow_n_fx = (lambda x: lax.pow(x, ns)), (lambda x: _POW(x, ns))
+    for name, d in {"fwd": lambda T, f: T.jacfwd(f), "rev": lambda T, f: T.jacrev(f),
+                    "fwd_fwd": lambda T, f: T.jacfwd(T.jacfwd(f)),
+                    "rev_rev": lambda T, f: T.jacrev(T.jacrev(f)),
+                    "fwd_rev": lambda T, f: T.jacfwd(T.jacrev(f))}.items():
+        got["int_" + name], want["int_" + name] = d(fx, pow_n_fx)(xs), d(jax, pow_n)(xs)
+    d2 = lambda T, f: T.vmap(T.grad(T.grad(f)))  # noqa: E731
+    got["int_scalar"] = d2(fx, lambda x: _POW(x, jnp.int32(1)))(xs)
+    want["int_scalar"] = d2(jax, lambda x: lax.pow(x, jnp.int32(1)))(xs)
+
+    # complex bases, with complex and integer exponents
+    z, w = jnp.array([0j, 4 + 0j, 1 + 2j, -2 + 0j]), jnp.array([0j, 0j, 0.5 - 1j, 2 + 0j])
+    hol2 = lambda T, f: T.jacfwd(T.jacfwd(f, argnums, holomorphic=True),  # noqa: E731
+                                 argnums, holomorphic=True)
+    rev2 = lambda T, f: T.jacrev(T.jacrev(f, holomorphic=True), holomorphic=True)  # noqa: E731
+    tangents = (jnp.complex128(1 + 0.5j), jnp.complex128(-0.3 + 2j))
+    for k in range(len(z)):
+        got[f"complex{k}"] = hol2(fx, _POW)(z[k], w[k])
+        want[f"complex{k}"] = hol2(jax, lax.pow)(z[k], w[k])
+        got[f"complex_jvp{k}"] = fx.jvp(_POW, (z[k], w[k]), tangents)
+        want[f"complex_jvp{k}"] = jax.jvp(lax.pow, (z[k], w[k]), tangents)
+        got[f"complex_int{k}"] = rev2(fx, lambda x: _POW(x, jnp.int32(2)))(z[k])
+        want[f"complex_int{k}"] = rev2(jax, lambda x: lax.pow(x, jnp.int32(2)))(z[k])
+    _same_as_jax(got, want)
+
+
+# --------------------------------------------------------------------------
 # fft through functx.numpy.fft
 
 

@@ -280,14 +280,26 @@ pow = _plain(pow_p)
 
 
 def _pow_jvp_x(t, x, y):
+    """d(x ** y)/dx = y x^(y - 1), as JAX computes it. Only an integer
+    exponent gets a guard: where y == 0 the derivative is 0 (x ** 0 is 1
+    for every x), and the factor y is taken as 1 there. A floating (or
+    complex) exponent takes the plain formula, like JAX: 0 ** 0 has
+    derivative 0 * 0^-1 = NaN in x, and the derivative in y of y x^(y - 1)
+    is x^(y - 1) + y x^(y - 1) log x, 1/4 at (4, 0); a guard there would
+    make both 0."""
+    integer_exponent = not is_inexact_dtype(aval_of(y).dtype)
     # Both operands are cast to (strongly typed) x's dtype first, as JAX's
     # rule does: its derivative in x is strongly typed even at Python floats
-    # (NOTE [weak types in rules]).
+    # (NOTE [weak types in rules]). The inner pow is then a floating one,
+    # so derivatives of this rule take the plain formula.
     dtype = aval_of(x).dtype
     x, y = convert_element_type(x, dtype), convert_element_type(y, dtype)
     one = scalar_like(y, 1)
-    jac = mul(y, pow(x, sub(y, one)))
-    jac = _where(eq(y, scalar_like(y, 0)), scalar_like(jac, 0), jac)
+    if not integer_exponent:
+        return mul(t, mul(y, pow(x, sub(y, one))))
+    is_zero = eq(y, scalar_like(y, 0))
+    jac = mul(_where(is_zero, one, y), pow(x, sub(y, one)))
+    jac = _where(is_zero, scalar_like(jac, 0), jac)
     return mul(t, jac)
 
 
