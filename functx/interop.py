@@ -29,6 +29,9 @@ one:
   so the custom rule reaches the functx transforms below.
 * A bind without functx values costs one scan of its operands for functx
   tracers before JAX's own bind.
+* `jax.device_put` outside any JAX trace places arrays without binding: on
+  functx values it binds its primitive instead (NOTE [device_put on functx
+  values]).
 * A binary operator with a JAX array on the left and a functx value on the
   right (`x @ w`, `y * logp`: data times parameters) defers to the functx
   value's reflected operator, as NumPy's operators do: JAX's operator would
@@ -288,6 +291,126 @@ def _filled(wrapped):
 def _shaped(x):
     a = x.aval
     return jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+
+
+# --------------------------------------------------------------------------
+# NOTE [device_put on functx values]
+# `jax.device_put(x, device)` with a JAX tracer binds JAX's `device_put`
+# primitive, linear (its jvp puts the tangents where the primals go, its
+# transpose puts the cotangents back, its batching keeps the batch axes);
+# outside any JAX trace it calls the transfer itself
+# (`dispatch._batched_device_put_impl`), which on a functx value failed ("not
+# a valid JAX type"). The hook below binds the primitive there too, for the
+# functx values among the leaves (JAX's transfer takes the others), after JAX
+# has turned `device`, `src`, `donate` and `may_alias` into the per-leaf
+# parameters. Every bind of `device_put` on functx values (that one, a bind
+# under a JAX trace, an equation of a jaxpr replayed by `lift`) is
+# `_device_put_on_functx_values`: a functx value computes on the default
+# device and carries no sharding or memory kind, so it is already placed
+# where None, that device, a sharding of that device alone in its default
+# memory, or the device memory space would put it: device_put is then the
+# identity on its value and derivatives (functx's `device_put` primitive,
+# primitives/misc.py). Any other placement (another device, a sharding over
+# several devices, host memory, a layout) would be silently dropped, as the
+# transforms compute and compile on the default device: it raises, naming
+# device_put and the fix. Concrete arrays bound beside them are placed as
+# JAX places them. `jax.device_get` of a functx value stays refused (it
+# would give NumPy: JaxOnFunctxValueError), as `np.asarray` is.
+
+
+def _default_device():
+    from jax._src.interpreters import pxla
+
+    return pxla.get_default_device()
+
+
+def _already_placed(d):
+    """Does device_put to `d` leave a functx value where it is (see NOTE)?"""
+    if d is None:
+        return True
+    from jax._src.layout import Format
+
+    default = _default_device()
+    if isinstance(d, jcore.MemorySpace):
+        return d == jcore.MemorySpace.Device
+    if isinstance(d, jax.Device):
+        return d == default
+    if isinstance(d, jax.sharding.Sharding):
+        return (d.device_set == {default}
+                and d.memory_kind in (None, default.default_memory().kind))
+    if isinstance(d, Format):
+        return d.layout is None and _already_placed(d.sharding)
+    return False
+
+
+def _device_put_on_functx_values(*xs, devices, srcs, copy_semantics):
+    """`device_put` (NOTE [device_put on functx values])."""
+    from .errors import FunctxValueError
+    from .primitives.misc import device_put_p
+
+    for x, d, s in zip(xs, devices, srcs, strict=True):
+        if not isinstance(x, Tracer):
+            continue
+        for what, where in (("device", d), ("src", s)):
+            if not _already_placed(where):
+                raise FunctxValueError(
+                    f"jax.device_put(x, {what}={where!r}) inside functx.{x._interp.transform}: "
+                    f"functx cannot place a functx value ({x.aval.str_short()}) there. "
+                    f"functx transforms compute on the default device ({_default_device()}) "
+                    "and carry no sharding or memory kind for their values, so that "
+                    "placement would be silently dropped. Call jax.device_put on the "
+                    f"transform's inputs or on its results, outside it, or leave the {what} "
+                    "out (to lay out a value over a mesh inside the transform, use "
+                    "jax.lax.with_sharding_constraint)."
+                )
+    return bind(device_put_p, *xs, devices=tuple(devices), srcs=tuple(srcs),
+                copy_semantics=tuple(copy_semantics))
+
+
+def _lift_device_put(params):
+    return _DEVICE_PUT, params
+
+
+_DEVICE_PUT = Macro(_device_put_on_functx_values)
+
+
+def _register_device_put():
+    from .primitives.misc import device_put_p
+
+    _lift_device_put.primitive = device_put_p  # (read by functx.coverage)
+    LIFT_RULES["device_put"] = _lift_device_put
+
+
+_register_device_put()
+
+
+def _device_put_hook(batched_impl):
+    """`dispatch._batched_device_put_impl` (jax.device_put outside any JAX
+    trace), binding `device_put` for the functx values among `xs`."""
+
+    def impl(*xs, devices, srcs, copy_semantics, dst_avals):
+        mine = [i for i, x in enumerate(xs) if isinstance(x, Tracer)]
+        if not mine:
+            return batched_impl(*xs, devices=devices, srcs=srcs,
+                                copy_semantics=copy_semantics, dst_avals=dst_avals)
+        outs = list(xs)
+        placed = _device_put_on_functx_values(
+            *[xs[i] for i in mine], devices=[devices[i] for i in mine],
+            srcs=[srcs[i] for i in mine], copy_semantics=[copy_semantics[i] for i in mine])
+        for i, y in zip(mine, placed, strict=True):
+            outs[i] = y
+        rest = sorted(set(range(len(xs))).difference(mine))
+        if rest:
+            done = batched_impl(*[xs[i] for i in rest], devices=[devices[i] for i in rest],
+                                srcs=[srcs[i] for i in rest],
+                                copy_semantics=[copy_semantics[i] for i in rest],
+                                dst_avals=[dst_avals[i] for i in rest])
+            for i, y in zip(rest, done, strict=True):
+                outs[i] = y
+        return outs
+
+    impl.__wrapped__ = batched_impl
+    return impl
 
 
 # --------------------------------------------------------------------------
@@ -602,6 +725,13 @@ def install():
         shard_map_module.shard_map = wrapped
         if getattr(jax, "shard_map", None) is original:
             jax.shard_map = wrapped
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
+        pass
+
+    try:  # NOTE [device_put on functx values]
+        from jax._src import dispatch
+
+        dispatch._batched_device_put_impl = _device_put_hook(dispatch._batched_device_put_impl)
     except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
         pass
 

@@ -614,3 +614,47 @@ def test_redefined_custom_rules_take_effect_and_the_object_is_held_weakly():
     for k in (4.0, 5.0):  # (defjvps's rule calls the object: the program holds it)
         q.defjvps(lambda t, y, x, k=k: k * t)
         assert close(fx.grad(lambda x: q(x).sum())(X), jax.grad(lambda x: q(x).sum())(X))
+
+
+def test_jax_device_put_on_functx_values_is_the_identity_as_in_jax():
+    """`jax.device_put` of functx values, bare or in a pytree beside JAX
+    arrays, with no placement or with the default device: the identity on
+    values and derivatives, as JAX's device_put rules are (before: outside a
+    JAX trace it tried to transfer the functx value, InvalidInputException).
+    A placement functx cannot honour raises naming device_put; device_get
+    stays refused (NOTE [device_put on functx values] in interop.py)."""
+    from jax.sharding import SingleDeviceSharding
+
+    dev = jax.devices()[0]
+
+    def tree_put(x, *device):
+        t = jax.device_put({"a": x, "b": (jnp.cos(x), X)}, *device)
+        return t["a"] * t["b"][0] + t["b"][1]
+
+    functions = [
+        lambda x: jnp.sin(jax.device_put(x)),
+        lambda x: jnp.sin(jax.device_put(x, dev) * x),
+        lambda x: jnp.sin(jax.device_put(x, SingleDeviceSharding(dev), may_alias=False)),
+        lambda x: jnp.sin(jax.device_put(x, jax.memory.Space.Device, src=dev)),
+        tree_put,
+        lambda x: tree_put(x, dev),
+    ]
+    for f in functions:
+        loss = lambda x, f=f: f(x).sum()  # noqa: E731
+        assert close(fx.grad(loss)(X), jax.grad(loss)(X))
+        assert close(fx.jvp(f, (X,), (X,)), jax.jvp(f, (X,), (X,)))
+        assert close(fx.vmap(f)(XS), jax.vmap(f)(XS))
+    f = functions[-1]
+    loss = lambda x: f(x).sum()  # noqa: E731
+    assert close(fx.vjp(f, X)[1](X), jax.vjp(f, X)[1](X))
+    assert close(fx.vmap(fx.grad(loss))(XS), jax.vmap(jax.grad(loss))(XS))
+    assert close(fx.jit(fx.grad(loss))(X), jax.grad(loss)(X))
+    assert close(fx.hessian(loss)(X), jax.hessian(loss)(X))
+
+    host = lambda x: jax.device_put(x, jax.memory.Space.Host).sum()  # noqa: E731
+    for transform, x in ((fx.grad, X), (lambda f: fx.jit(fx.grad(f)), X), (fx.vmap, XS)):
+        with pytest.raises(fx.FunctxValueError, match=r"device_put.*Space.Host.*outside"):
+            transform(host)(x)
+    for get in (jax.device_get, lambda x: jax.device_get({"a": x, "b": 1.0})["a"]):
+        with pytest.raises(fx.JaxOnFunctxValueError, match="NumPy"):
+            fx.grad(lambda x, get=get: get(x).sum())(X)
