@@ -153,6 +153,36 @@ def _branches(np_):
 
 
 @pytest.mark.slow
+def test_reverse_mode_through_a_batched_branch_index_ignores_branches_a_lane_does_not_take():
+    """NOTE [branches a lane does not take]: under vmap with a batched
+    predicate every branch runs on every lane; the derivative must not flow
+    through the ones a lane does not take (0 * inf from sqrt at 0 gave NaN
+    where JAX gives 0). Eager, so that XLA's simplifications of one
+    compiled program do not hide a NaN."""
+    f = lambda x: lax.cond(x < 1e-3, lambda x: 1e-3 + 0 * x, jnp.sqrt, x)  # noqa: E731
+    g = lambda x, i: lax.switch(i, [lambda x: 1e-3 + 0 * x, jnp.sqrt, jnp.log], x)  # noqa: E731
+    h = lambda x, w: lax.cond(x < 1e-3, lambda x: 1e-3 + 0 * x,  # noqa: E731
+                              lambda x: jnp.sqrt(w - 1.0) * x, x)
+    x = jnp.array([0.0, 0.5, 0.0])
+    i = jnp.array([0, 1, 2])
+    results = {
+        "grad(vmap(cond))": (fx.grad(lambda x: fx.vmap(f)(x).sum())(x),
+                             jax.grad(lambda x: jax.vmap(f)(x).sum())(x)),
+        "jacrev(vmap(cond))": (fx.jacrev(fx.vmap(f))(x), jax.jacrev(jax.vmap(f))(x)),
+        "grad(vmap(switch))": (fx.grad(lambda x: fx.vmap(g)(x, i).sum())(x + 1.0 * (i == 2)),
+                               jax.grad(lambda x: jax.vmap(g)(x, i).sum())(x + 1.0 * (i == 2))),
+        "unbatched input": (
+            fx.grad(lambda w: fx.vmap(h, in_dims=(0, None))(x + 1.0, w).sum())(1.0),
+            jax.grad(lambda w: jax.vmap(h, in_axes=(0, None))(x + 1.0, w).sum())(1.0)),
+        "jax.grad(fx.vmap)": (jax.grad(lambda x: fx.vmap(f)(x).sum())(x),
+                              jax.grad(lambda x: jax.vmap(f)(x).sum())(x)),
+        "values": (fx.vmap(f)(x), jax.vmap(f)(x)),
+    }
+    for name, (got, want) in results.items():
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=0,
+                                   equal_nan=False, err_msg=name)
+
+
 def test_cond_jvp_vjp_vmap_match_jax():
     def make(np_, cond):
         t, f = _branches(np_)

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import xla_cpu
-from ..core import Aval, Tracer, Zero, aval_of, bind, jax_zeros, new_interpreter
+from ..core import Aval, Tracer, Zero, aval_of, bind, is_inexact_dtype, jax_zeros, new_interpreter
 from ..errors import MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
 from ..interpreters.eval import defimpl
@@ -480,12 +480,17 @@ def _cond_batch(size, vals, dims, *, branches):
         outs = bind(cond_p, index, *ops, branches=tuple(g for g, _ in batched))
         return outs, list(batched[0][1])
     # A batched index: every branch runs on every lane, select_n picks.
-    results = [eval_graph(_batch_forced(b, size, odims, (True,) * n_out)[0], ops)
-               for b in branches]
+    index = moveaxis(index, idim, 0)
+    if len(branches) > 1:
+        index = clamp(np.int32(0), index, np.int32(len(branches) - 1))
+    if len(branches) > 1 and any(isinstance(x, (Tracer, jax.core.Tracer)) for x in ops):
+        # NOTE [branches a lane does not take]
+        results = _lanes_taking_each_branch(index, size, ops, odims, branches, n_out)
+    else:
+        results = [eval_graph(_batch_forced(b, size, odims, (True,) * n_out)[0], ops)
+                   for b in branches]
     if len(branches) == 1:
         return results[0], [0] * n_out
-    index = moveaxis(index, idim, 0)
-    index = clamp(np.int32(0), index, np.int32(len(branches) - 1))
     outs = []
     for cases in zip(*results):
         shape = aval_of(cases[0]).shape
@@ -495,6 +500,43 @@ def _cond_batch(size, vals, dims, *, branches):
 
 
 batch_rules[cond_p] = _cond_batch
+
+
+# NOTE [branches a lane does not take]
+# Under vmap with a batched index every branch runs on every lane and
+# select_n keeps each lane's own branch. The values are right, but a
+# derivative taken through them (grad(vmap(f)), jax.grad of it) also flows
+# through the branches a lane did not take, where it is multiplied by zero:
+# `cond(x < 1e-3, lambda x: 1e-3, jnp.sqrt, x)` at x = 0 gets 0 * inf = NaN
+# from sqrt's branch. So each branch sees its floating inputs with the
+# derivative stopped on the lanes that take another branch (the same values:
+# select_n(index == i, stop_gradient(x), x)), as JAX's rule does; unbatched
+# inputs are broadcast to the batch for it. Only where some input is traced
+# (by a functx transform or a JAX one, which could differentiate it): plain
+# arrays keep the unguarded branches.
+def _lanes_taking_each_branch(index, size, ops, odims, branches, n_out):
+    from .elementwise import eq_p, select_n, stop_gradient
+    from .structural import broadcast_in_dim
+
+    guarded, dims = [], []
+    for x, d in zip(ops, odims):
+        if is_inexact_dtype(aval_of(x).dtype):
+            x, d = bdim_to_front(x, d, size), 0
+        guarded.append(x)
+        dims.append(d)
+    dims = tuple(dims)
+    results = []
+    for i, b in enumerate(branches):
+        takes = bind(eq_p, index, np.int32(i))
+        branch_ops = []
+        for x, d in zip(guarded, dims):
+            if d == 0 and is_inexact_dtype(aval_of(x).dtype):
+                shape = aval_of(x).shape
+                which = takes if shape == (size,) else broadcast_in_dim(takes, shape, (0,))
+                x = select_n(which, stop_gradient(x), x)
+            branch_ops.append(x)
+        results.append(eval_graph(_batch_forced(b, size, dims, (True,) * n_out)[0], branch_ops))
+    return results
 
 
 # --------------------------------------------------------------------------
