@@ -54,7 +54,7 @@ from jax._src import core as jcore
 from .core import (
     FROM_JAX, TRACER_TYPES, ImperativeValue, Tracer, bind, check_usable, jax_misuse_error,
 )
-from .errors import equinox_batch_error
+from .errors import ConcretizationError, equinox_batch_error
 from .lifting import _AS_CALL, _INLINE_PARAM, LIFT_RULES, Macro, Program
 
 # --------------------------------------------------------------------------
@@ -581,6 +581,26 @@ def install():
     jcore.Primitive.bind = bind_hook
 
     jcore.pytype_aval_mappings[Tracer] = _aval_of_tracer
+
+    # JAX asks `core.is_concrete(x)` before specialising on a value (a
+    # fori_loop's trip count, a cond's index under disable_jit, a power's
+    # integer exponent), and a value that is not JAX's tracer counts as
+    # concrete: a functx value whose transform knows no value for it (under
+    # vmap, or staged) is not, so JAX takes its traced path rather than
+    # calling int() on it (functx's ConcretizationError escaped JAX's
+    # fallback). A concrete functx value stays the value itself.
+    jax_to_concrete = jcore.to_concrete_value
+
+    def to_concrete_value(x):
+        if type(x) in TRACER_TYPES:
+            try:
+                x._concrete()
+            except ConcretizationError:
+                return None
+            return x
+        return jax_to_concrete(x)
+
+    jcore.to_concrete_value = to_concrete_value
     jcore.pytype_aval_mappings[ImperativeValue] = _refuse
     try:
         from jax._src import dtypes as jdtypes

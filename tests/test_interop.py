@@ -84,6 +84,27 @@ def test_jax_functions_on_a_closed_over_functx_value_inside_loop_bodies_under_st
     assert close(fx.jacrev(fx.jit(lambda x: f(x) * x))(X), jax.jacrev(lambda x: f(x) * x)(X))
 
 
+def test_jax_takes_its_traced_path_for_a_functx_value_with_no_concrete_value():
+    """JAX asks `core.is_concrete` before specialising on a value; a batched
+    functx value is not concrete, so JAX uses its traced path (a while loop
+    for a batched trip count, a traced power for a batched exponent, the
+    primitive cond for a batched index under disable_jit) instead of calling
+    int() on it, which raised functx's ConcretizationError. A concrete
+    functx value (under grad) is still used as one."""
+    n = jnp.arange(4)
+    count = lambda x, n: jax.lax.fori_loop(0, n, lambda _, c: c * x + 1.0, 1.0)  # noqa: E731
+    assert close(fx.vmap(count, in_dims=(None, 0))(1.5, n), jax.vmap(count, in_axes=(None, 0))(1.5, n))
+    assert close(fx.jvp(lambda x: fx.vmap(count, in_dims=(None, 0))(x, n), (1.5,), (1.0,)),
+                 jax.jvp(lambda x: jax.vmap(count, in_axes=(None, 0))(x, n), (1.5,), (1.0,)))
+    power = lambda x, p: jnp.power(x, p)  # noqa: E731
+    assert close(fx.vmap(power, in_dims=(None, 0))(2.0, n), jax.vmap(power, in_axes=(None, 0))(2.0, n))
+    assert close(fx.grad(count)(1.5, 3), jax.grad(count)(1.5, 3))
+    with jax.disable_jit():
+        pick = lambda i, x: jax.lax.cond(i > 0, lambda x: x + 1.0, lambda x: x - 1.0, x)  # noqa: E731
+        i, x = jnp.array([0, 1]), jnp.array([0.0, 0.0])
+        assert close(fx.vmap(pick)(i, x), jax.vmap(pick)(i, x))
+
+
 def test_data_dependent_branch_in_jax_code_under_vmap_names_the_line():
     with pytest.raises(fx.ConcretizationError, match="test_interop.py"):
         fx.vmap(FUNCTIONS["python if"])(XS)
