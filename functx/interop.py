@@ -888,6 +888,10 @@ def _jax_pmean(x, axis_name, *, axis_index_groups=None):
     return jax.tree_util.tree_map(lambda t: t / n, total)
 
 
+def _has_jax_tracer(tree):
+    return any(isinstance(x, jcore.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
 def _wrap_jax_collective(name, ours, by_value=True, by_names=None):
     import functools
 
@@ -902,6 +906,15 @@ def _wrap_jax_collective(name, ours, by_value=True, by_names=None):
             return ours(*args, **kwargs)
         if by_names is not None and len(args) > 1 and _functx_names(args[1]):
             return by_names(*args, **kwargs)
+        if by_value and args and by_names is None:
+            # a value no transform traces (a constant) over a functx.vmap's
+            # axis: an unbatched operand of functx's collective (JAX's would
+            # reach its eager implementation, which has no axis: an
+            # internal AssertionError)
+            names = args[1] if len(args) > 1 else kwargs.get("axis_name")
+            if (names is not None and not _has_jax_tracer(args[0])
+                    and _functx_names(names, staged_by_jax=False)):
+                return ours(*args, **kwargs)
         return original(*args, **kwargs)
 
     wrapper._functx_wrapped = True

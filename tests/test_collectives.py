@@ -78,6 +78,24 @@ def test_vmap_matches_jax(prog):
           jax.vmap(prog(jax.lax, jnp), axis_name="i")(X))
 
 
+def test_jax_collectives_of_a_constant_over_a_functx_axis_match_jax():
+    """jax.lax collectives given a value no transform traces (a constant)
+    over a functx.vmap's axis name: an unbatched operand of functx's
+    collective, as in JAX (all_gather reached JAX's eager implementation:
+    an internal AssertionError)."""
+    x = jnp.arange(3.0)
+    for name, g in {
+        "all_gather of 1": lambda x: jax.lax.all_gather(1, axis_name="i"),
+        "all_gather of ones": lambda x: jax.lax.all_gather(jnp.ones(2), axis_name="i"),
+        "psum of 1": lambda x: jax.lax.psum(1, "i"),
+        "tiled all_gather + x": lambda x: jax.lax.all_gather(jnp.ones(2), "i", tiled=True).sum() + x,
+    }.items():
+        out = 0 if name.endswith("x") else None
+        got = functx.vmap(g, axis_name="i", out_dims=out)(x)
+        want = jax.vmap(g, axis_name="i", out_axes=out)(x)
+        close(got, want)
+
+
 def test_partial_permutation_sends_zeros():
     # jax.vmap refuses a partial permutation; on devices the missing
     # destinations get zeros, and so they do here
