@@ -541,6 +541,27 @@ def test_jax_transforms_around_functx_transforms_keep_custom_rules():
         jax.grad(closing)(2.0)
 
 
+def test_a_custom_vjp_equation_whose_unused_outputs_jax_dropped():
+    """JAX's dead-code elimination of a custom_vjp equation keeps only its
+    used outputs (and its fwd returns only those): functx replayed it
+    expecting all of them (StopIteration, an internal RuntimeError)."""
+    from jax._src import core as jcore
+    from jax._src.interpreters import partial_eval as pe
+
+    @jax.custom_vjp
+    def f(x, y):
+        return jnp.sin(x), x + jnp.cos(y)
+
+    f.defvjp(lambda x, y: (f(x, y), (jnp.cos(x), jnp.sin(y))),
+             lambda res, cts: (2.0 * res[0] * cts[0] + 1.5 * cts[1], -0.5 * res[1] * cts[1]))
+    jaxpr = jax.make_jaxpr(f)(0.1, -1.3).jaxpr
+    for used in ([True, False], [False, True]):
+        fn = jcore.jaxpr_as_fun(pe.close_jaxpr(pe.dce_jaxpr(jaxpr, used)[0]))
+        g = lambda x, y: fn(x, y)[0]  # noqa: E731
+        _check({str(used): (fx.grad(g, argnums=(0, 1))(0.1, -1.3),
+                            jax.grad(g, argnums=(0, 1))(0.1, -1.3))})
+
+
 def test_a_jax_rule_closing_over_a_functx_value_is_refused_by_name():
     """A jax.custom_jvp / custom_vjp whose rule reads a value of an
     enclosing functx transform through its closure: functx cannot hand it

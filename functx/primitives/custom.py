@@ -951,8 +951,11 @@ class _LiftedVJPRule:
     def _trace_fwd(self, n_primals):
         flags = self.flags if self.flags is not None else (True,) * n_primals
         jaxpr, jconsts = _fwd_jaxpr(self.thunk, flags)
-        out_tree, _, self.forwards = self.out_trees()
-        self.n_out = out_tree.num_leaves
+        _, _, self.forwards = self.out_trees()
+        # the equation's outputs: fewer than out_trees' where JAX dropped
+        # unused ones (pe.dce_jaxpr), and its fwd jaxpr then returns those
+        call = self.params["call_jaxpr"]
+        self.n_out = len(getattr(call, "jaxpr", call).outvars)  # (a ClosedJaxpr, or a Jaxpr)
         # Residuals fwd returns as Python values (a `.perturbed` flag, a
         # count) are literals of its jaxpr; JAX hands them to bwd as they
         # are, so that bwd can branch on them: so does `_bwd_graph`.
