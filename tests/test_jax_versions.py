@@ -279,6 +279,26 @@ def test_equations_functx_makes_carry_this_jaxs_parameters():
         lambda i: lax.dynamic_slice(x, (i,), (2,)))(starts) ** 2).sum())(x))
 
 
+def test_reductions_functx_makes_carry_this_jaxs_parameters():
+    """functx makes reduce_max itself in cumlogsumexp's jvp (and reduce_max
+    / reduce_min in pmax / pmin over vmap): on jax 0.12.1, whose
+    reduce_max takes `out_sharding`, JAX's own jvp rule refused the
+    equation when a JAX transform ran around functx's."""
+    x = jnp.array([0.3, -1.2, 2.0])
+    f = lambda x: fx.grad(lambda x: lax.cumlogsumexp(x).sum())(x)  # noqa: E731
+    want = set(jax.make_jaxpr(lambda x: lax.reduce_max(x, (0,)))(x).jaxpr.eqns[-1].params)
+    made = [set(p) for p in _params_of(jax.make_jaxpr(f)(x), "reduce_max")]
+    assert made and all(m == want for m in made), (made, want)
+    close(jax.jvp(f, (x,), (x,)),
+          jax.jvp(jax.grad(lambda x: lax.cumlogsumexp(x).sum()), (x,), (x,)))
+    g = lambda x: fx.vmap(lambda v: lax.pmax(v, "i") - lax.pmin(v, "i"), axis_name="i")(x)  # noqa: E731
+    jaxpr = jax.make_jaxpr(g)(x)
+    for name in ("reduce_max", "reduce_min"):
+        made = [set(p) for p in _params_of(jaxpr, name)]
+        assert made and all(m == want for m in made), (name, made, want)
+    close(g(x), jax.vmap(lambda v: lax.pmax(v, "i") - lax.pmin(v, "i"), axis_name="i")(x))
+
+
 def test_random_bits_of_this_jax_under_transforms():
     """From jax 0.12.1 random_bits draws `num_streams` arrays at once (a
     primitive of several results): vmap over keys and grad through the bits

@@ -339,15 +339,13 @@ def _positional(prim, x, d, axes, axis_index_groups):
     nd = aval_of(x).ndim - (d is not None)
     pos = tuple(a % nd for a in pos)
     phys = pos if d is None else tuple(a if a < d else a + 1 for a in pos)
-    reducer = {psum_p: red.reduce_sum, pmax_p: red.reduce_max, pmin_p: _reduce_min}[prim]
+    reducer = {psum_p: red.reduce_sum, pmax_p: red.reduce_max, pmin_p: red.reduce_min}[prim]
     x = reducer(x, phys)
     if d is not None:
         d -= sum(1 for a in pos if a < d)
     return x, d, tuple(a for a in axes if not isinstance(a, (int, np.integer)))
 
 
-def _reduce_min(x, axes):
-    return bind(red.reduce_min_p, x, axes=tuple(axes))
 
 
 def _allreduce_rule(prim):
@@ -368,7 +366,7 @@ def _allreduce_rule(prim):
         elif prim is pmax_p:
             out = red.reduce_max(x, (d,))
         else:
-            out = _reduce_min(x, (d,))
+            out = red.reduce_min(x, (d,))
         rest = _rest(axes, name)
         if rest:
             out = bind(prim, out, axes=rest, axis_index_groups=None)

@@ -37,6 +37,7 @@ from .common import (
     defzero_jvp,
     full_like,
     jax_keeps_weak_type,
+    jax_params,
     jvp_rules,
     shape_rules,
     transpose_rules,
@@ -129,8 +130,17 @@ _reduce_batch(reduce_min_p)
 _chooser_jvp(reduce_min_p)
 
 
+def _chooser_probe(prim, x):
+    return (lax.reduce_max if prim is reduce_max_p else lax.reduce_min)(x, (0,))
+
+
 def reduce_max(x, axes):
-    return bind(reduce_max_p, x, axes=tuple(axes))
+    # (jax 0.12's equations carry `out_sharding`: NOTE [parameters newer JAX adds])
+    return bind(reduce_max_p, x, **jax_params(reduce_max_p, _chooser_probe, {"axes": tuple(axes)}))
+
+
+def reduce_min(x, axes):
+    return bind(reduce_min_p, x, **jax_params(reduce_min_p, _chooser_probe, {"axes": tuple(axes)}))
 
 
 # --------------------------------------------------------------------------
@@ -237,7 +247,7 @@ _cumulative_batch(cumlogsumexp_p)
 def _cumlogsumexp_jvp(t, out, x, *, axis, reverse):
     # d out_i = sum_{j<=i} t_j exp(x_j - out_i); shift by a constant for range.
     xa = aval_of(x)
-    m = ew.stop_gradient(bind(reduce_max_p, x, axes=tuple(range(xa.ndim))))
+    m = ew.stop_gradient(reduce_max(x, range(xa.ndim)))
     weights = ew.exp(ew.sub(x, m))
     return ew.mul(cumsum(ew.mul(t, weights), axis, reverse), ew.exp(ew.sub(m, out)))
 
