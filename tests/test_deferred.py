@@ -49,9 +49,19 @@ def test_queued_steps_equal_jax_and_run_as_one_program():
     g = fx.grad(mlp_loss(fnp))
     per_sample = fx.vmap(fx.grad(mlp_loss(fnp)), in_dims=(None, 0))
     first = (_bits(g(W, XS[0])), _bits(per_sample(W, XS)))
-    _warm(g, W, XS[0])
-    _warm(per_sample, W, XS)
-    assert deferred._programs.entries, "no queue ran as one compiled program"
+    # how many calls the queue's program takes to land depends on when the
+    # compile thread finishes the steps' own programs (the queue's key
+    # changes as they land): call until it has, within a bound
+    for fn, args in ((g, (W, XS[0])), (per_sample, (W, XS))):
+        before = len(deferred._programs.entries)
+        for _ in range(12):
+            fn(*args)
+            caches.wait_for_compiles()
+            fn(*args)  # a finished build enters the cache at its next lookup
+            if len(deferred._programs.entries) > before:
+                break
+        else:
+            raise AssertionError("no queue ran as one compiled program in 24 calls")
     for _ in range(2):
         assert (_bits(g(W, XS[0])), _bits(per_sample(W, XS))) == first
     np.testing.assert_allclose(np.asarray(g(W, XS[0])),
