@@ -433,6 +433,7 @@ _executor_lock = threading.Lock()
 SWITCH_INTERVAL = 0.0005
 _outstanding = 0
 _saved_interval = None
+submitted = 0  # jobs ever handed to the compile thread (tests wait for it to stop growing)
 
 # A shorter interval is not enough: while a call runs, the compile thread's
 # Python still took most of the GIL (measured: a 10 ms lowering made a 2.5 ms
@@ -823,7 +824,7 @@ last_call_end = 0.0  # time.perf_counter() when a thread's outermost transform c
 
 
 def _submit(compile_fn, priority=COMPILING):
-    global _executor, _outstanding, _saved_interval
+    global _executor, _outstanding, _saved_interval, submitted
     options = _thread_options()  # NOTE [JAX options off the calling thread]
     if _executor is None:
         with _executor_lock:
@@ -831,6 +832,7 @@ def _submit(compile_fn, priority=COMPILING):
                 _executor = _CompileThread()
     with _executor_lock:
         _outstanding += 1
+        submitted += 1
         if _saved_interval is None and sys.getswitchinterval() > SWITCH_INTERVAL:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(SWITCH_INTERVAL)

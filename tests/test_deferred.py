@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import functx as fx
 import functx.numpy as fnp
 from functx import caches
+from warming import warm
 from functx.interpreters import deferred
 
 rng = np.random.default_rng(7)
@@ -37,11 +38,7 @@ def _bits(tree):
 
 def _warm(fn, *args, calls=4):
     """Call until the steps and the queue's program are compiled."""
-    out = None
-    for _ in range(calls):
-        out = fn(*args)
-        caches.wait_for_compiles()
-    return out
+    return warm(fn, *args, calls=calls)
 
 
 def test_queued_steps_equal_jax_and_run_as_one_program():
