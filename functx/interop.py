@@ -47,6 +47,8 @@ through functx.numpy / lift. `functx.lift(fn)` remains the explicit path
 that stages `fn` once per signature and replays it.
 """
 
+import weakref
+
 import jax
 import jax.extend.core
 from jax._src import core as jcore
@@ -466,6 +468,57 @@ def _lift_on_functx_values(fn, method=False):
     return wrapper
 
 
+# NOTE [custom functions closing over functx values]
+# A jax.custom_jvp / custom_vjp function called with no functx value among
+# its arguments may still read one through its closure (a function defined
+# inside the one functx.grad differentiates, closing over its argument).
+# Called as JAX calls it, its primal function would run on the functx value
+# eagerly, and the functx transforms would differentiate that body: the
+# user's rule silently ignored. So while a functx transform runs on this
+# thread, JAX traces nothing newer than it and no argument is a JAX tracer
+# (JAX's trace then holds the closed-over values), such a call is staged whole
+# too (`call_lifted(..., replay=True)`, cached like any lifted call): a
+# closed-over functx value becomes one of the lifted custom call's consts,
+# which the rule cannot differentiate, and a differentiated one is refused
+# by name (NOTE [custom derivative rules] in primitives/custom.py), as JAX
+# refuses it. A function that cannot be staged (Python control flow or
+# NumPy on its concrete arguments, which JAX allows there) runs as JAX runs
+# it, from its first such call on.
+
+
+def _has_jax_tracer(tree):
+    """(JAX traces the call itself then: its consts hold what it closes over.)"""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if isinstance(leaf, jcore.Tracer):
+            return True
+    return False
+
+
+def _lift_custom_call(call):
+    import functools
+
+    from .core import interpreter_stack
+    from .lifting import call_lifted
+
+    @functools.wraps(call)
+    def wrapper(self, *args, **kwargs):
+        if _has_functx((args, kwargs)):
+            return call_lifted(call, (self, *args), kwargs)
+        stack = interpreter_stack()
+        if (stack and stack[-1].jax_trace is jcore.trace_ctx.trace
+                and not _has_jax_tracer((args, kwargs)) and self not in unstageable):
+            try:
+                return call_lifted(call, (self, *args), kwargs, replay=True)
+            except jax.errors.JAXTypeError:
+                # Python control flow or NumPy on its concrete arguments:
+                # run as JAX runs it (as before this mechanism), from now on
+                unstageable.add(self)
+        return call(self, *args, **kwargs)
+
+    unstageable = weakref.WeakSet()
+    return wrapper
+
+
 # NOTE [shard_map on functx values]
 # `jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)` called on
 # functx values (inside functx.grad, vmap, jit: the user's program shards
@@ -723,7 +776,7 @@ def install():
     from jax._src import custom_derivatives
 
     for cls in (custom_derivatives.custom_jvp, custom_derivatives.custom_vjp):
-        cls.__call__ = _lift_on_functx_values(cls.__call__, method=True)
+        cls.__call__ = _lift_custom_call(cls.__call__)
 
     # A JAX transform that processes a custom_jvp / custom_vjp call (jax.vmap's
     # batch trace, jax.jit's tracing) binds the primitive again on its parent

@@ -118,6 +118,7 @@ from .core import _ArrayImpl  # noqa: E402
 from .core import aval_of as _aval_of  # noqa: E402
 from .core import bind as _bind  # noqa: E402
 from .errors import FunctxTypeError as _TypeError  # noqa: E402
+from .lifting import _rules_of  # noqa: E402
 from .errors import FunctxValueError as _ValueError  # noqa: E402
 from .interpreters.staging import Graph as _Graph  # noqa: E402
 from .interpreters.staging import Var as _Var  # noqa: E402
@@ -373,6 +374,7 @@ def _library_types():
 
 
 _LIBRARY_TYPES = _library_types()
+_CUSTOM_TYPES = (_jax.custom_jvp, _jax.custom_vjp)
 _STATIC_TYPES = frozenset({type(None), bool, int, str, bytes, type(Ellipsis),
                            type(NotImplemented), range})
 _LIBRARY_ROOTS = frozenset({"jax", "jaxlib", "numpy", "functx", "scipy", "builtins", "math",
@@ -455,7 +457,11 @@ class _Snapshot:
     closure]): `key` identifies it, `arrays` are the arrays in it, in order,
     and `rebuild(tracers)` returns the body with `tracers` in their place."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, key_only=False):
+        # `key_only`: only the key and the arrays are wanted (NOTE [lifted
+        # functions keyed by what they read] in functx/lifting.py), never a
+        # rebuilt body, so objects holding arrays are walked like any other
+        self.key_only = key_only
         self.arrays = []
         self.idents = []
         self.budget = _WALK_LIMIT
@@ -533,6 +539,8 @@ class _Snapshot:
             return ("M", f[0], s[0]), rebuild, f[2] or s[2]
         if isinstance(v, type) and not _is_library_function(v):
             return self.klass(v), None, False
+        if isinstance(v, _CUSTOM_TYPES):
+            return self.custom(v), None, False
         if t in _LIBRARY_TYPES or isinstance(v, (type, _enum.Enum)):
             return self.ident(v), None, False
         if not global_:
@@ -593,7 +601,7 @@ class _Snapshot:
         cls = self.klass(t)
         parts = [(k, self.value(x)) for k, x in sorted(attrs.items())]
         self.visiting.discard(id(v))
-        if any(p[2] for _, p in parts):  # an arbitrary object is not rebuilt
+        if any(p[2] for _, p in parts) and not self.key_only:  # an arbitrary object is not rebuilt
             raise _HoldsArrays
         return ("O", cls, tuple((k, p[0]) for k, p in parts)), None, False
 
@@ -638,9 +646,25 @@ class _Snapshot:
             self.restore(saved)
             self.budget = budget - 1
             return self.ident(attr)
-        if dyn:
+        if dyn and not self.key_only:
             raise _HoldsArrays
         return k
+
+    def custom(self, obj):
+        """The key of a jax.custom_jvp / custom_vjp object: its identity and
+        what its function and rules read, so that rules redefined with
+        `defjvp` / `defvjp`, or reading a global changed between calls, are
+        seen. Arrays they read cannot be replaced (the object is not
+        rebuilt)."""
+        hit = self.classes.get(id(obj))
+        if hit is not None:  # met again (a fwd rule calling the function itself)
+            return hit
+        key = self.classes[id(obj)] = ("CR", self.ident(obj))
+        parts = [self.value(r, global_=True) for r in _rules_of(obj)]
+        if any(p[2] for p in parts) and not self.key_only:
+            raise _HoldsArrays
+        key = self.classes[id(obj)] = key + tuple(p[0] for p in parts)
+        return key
 
     def function(self, fn):
         hit = self.funcs.get(id(fn))
@@ -758,10 +782,10 @@ class _RebuildContext:
         return G2
 
 
-def _snapshot(fn):
+def _snapshot(fn, key_only=False):
     """The snapshot of `fn`, or None where it cannot be taken."""
     try:
-        return _Snapshot(fn)
+        return _Snapshot(fn, key_only)
     except (_Uncacheable, RecursionError):
         return None
     except Exception:  # noqa: BLE001 - an unexpected value: stage it as written

@@ -306,6 +306,24 @@ def _foreign(jax_prim, vals, params):
 
 # NOTE [bounded caches] (functx/caches.py): an LRU; a plain Python function
 # among the static leaves (the lifted function itself) is held weakly.
+#
+# NOTE [lifted functions keyed by what they read]
+# JAX runs a function's Python at every eager call (a jax.custom_vjp
+# function and its rules, a function under jax.grad), so a global or a
+# closed-over value changed between calls is seen by the next one. functx
+# stages a lifted function once per key, so the key must hold what the
+# staged program baked in: a user function among the leaves (the function
+# `functx.lift` wraps, a jax.custom_jvp / custom_vjp object's function and
+# rules) is keyed by the snapshot functx.lax takes of a loop body (NOTE
+# [staged bodies: one graph per code and closure] in functx/lax.py): its
+# code, and what its closure, defaults and globals hold, walked into the
+# functions and objects among them; arrays among those by identity (held
+# weakly), since the staged program holds them as constants. A function
+# reading a reassigned global array, a rule redefined with `defvjp`, a
+# rule reading a changed number are staged anew; a function whose reads
+# cannot be walked (too many values, a `nonlocal` assignment) is keyed by
+# identity, as jax.jit keys a function. Library functions (JAX's, functx's)
+# are keyed by identity and not walked.
 _CACHE = caches.Cache("lifted programs", limit=2048,
                       doc="functx.lift / JAX code on functx values: one staged program per "
                           "function, static arguments and input avals")
@@ -353,9 +371,9 @@ def call_lifted(fn, args, kwargs, replay=False):
             dynamic.append(leaf)
             key_parts.append(aval_of(leaf))
         elif type(leaf) is _FunctionType:
-            key_parts.append(caches.WeakRef(leaf))
+            key_parts.append(_reads_key(leaf))
         elif isinstance(leaf, _CUSTOM_TYPES):  # NOTE [lifting]: checked on a hit
-            key_parts.append(caches.WeakRef(leaf))
+            key_parts.append(_reads_key(leaf))
             customs.append(leaf)
         else:
             key_parts.append(_StaticKey(leaf))
@@ -467,8 +485,53 @@ class _StaticKey:
             return self.value is other.value
 
 
+class _ReadsKey:
+    """A cache key part for a user function or custom object: what it
+    reads (NOTE [lifted functions keyed by what they read])."""
+
+    __slots__ = ("key", "arrays", "_hash")
+
+    def __init__(self, key, arrays):
+        self.key = key
+        self.arrays = arrays  # weak references to the arrays read, in order
+        self._hash = hash(key)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        if type(other) is not _ReadsKey or self.key != other.key:
+            return False
+        for a, b in zip(self.arrays, other.arrays):
+            x = a()
+            if x is None or x is not b():
+                return False
+        return True
+
+
+def _reads_key(obj):
+    """The key part of a function or custom object among a lifted call's
+    leaves (NOTE [lifted functions keyed by what they read])."""
+    from .lax import _LIBRARY_TYPES, _is_library_function, _snapshot
+
+    if type(obj) is _FunctionType:
+        if _is_library_function(obj):
+            return caches.WeakRef(obj)
+    elif all(r is None or type(r) is bool or type(r) in _LIBRARY_TYPES
+             or (type(r) is _FunctionType and _is_library_function(r)) for r in _rules_of(obj)):
+        return caches.WeakRef(obj)  # jax.nn.relu: rules redefined are seen by `_same_rules`
+    snap = _snapshot(obj, key_only=True)
+    if snap is None:
+        return caches.WeakRef(obj)
+    try:
+        arrays = tuple(weakref.ref(a) for a in snap.arrays)
+        return _ReadsKey(snap.key, arrays)
+    except TypeError:  # an array that cannot be held weakly, or an unhashable part
+        return caches.WeakRef(obj)
+
+
 def _stage(treedef, leaves, key_parts):
-    static = (_StaticKey, caches.WeakRef)
+    static = (_StaticKey, caches.WeakRef, _ReadsKey)
     positions = [i for i, k in enumerate(key_parts) if not isinstance(k, static)]
     template = [None if not isinstance(k, static) else leaf for leaf, k in zip(leaves, key_parts)]
     outputs = {}

@@ -637,6 +637,108 @@ def test_redefined_custom_rules_take_effect_and_the_object_is_held_weakly():
         assert close(fx.grad(lambda x: q(x).sum())(X), jax.grad(lambda x: q(x).sum())(X))
 
 
+def test_lifted_functions_see_globals_closures_and_rules_changed_between_calls():
+    """NOTE [lifted functions keyed by what they read] (lifting.py): JAX runs
+    a function's Python at every eager call, so a reassigned global or
+    closed-over array, a changed number a rule reads, is seen by the next
+    call; functx's staged program of a lifted function must not keep the
+    old value (before: the program cached per function object gave the
+    first call's numbers, silently)."""
+    namespace = {"jnp": jnp, "jax": jax, "scale": jnp.asarray(2.0), "k": 3.0}
+    exec(  # a module of its own: its globals are reassigned below
+        "def g(y):\n"
+        "    return jnp.sin(y) * scale\n"
+        "@jax.custom_vjp\n"
+        "def f(y):\n"
+        "    return y * scale\n"
+        "f.defvjp(lambda y: (f(y), y), lambda y, g: (g * scale * k,))\n", namespace)
+    g, f = namespace["g"], namespace["f"]
+
+    def cell(value):
+        def read(y):
+            return jnp.cos(y) * value
+
+        def set_(v):
+            nonlocal value
+            value = v
+
+        return read, set_
+
+    read, set_read = cell(jnp.asarray(1.5))
+    lg, lread = fx.lift(g), fx.lift(read)
+    loss = lambda y: f(y * 1.0).sum()  # noqa: E731
+    for step, (scale, k, v) in enumerate(((2.0, 3.0, 1.5), (3.0, 3.0, 0.5), (3.0, 5.0, 0.5))):
+        namespace["scale"], namespace["k"] = jnp.asarray(scale), k
+        set_read(jnp.asarray(v))
+        for _ in range(2):  # the second call through the caches
+            assert close(fx.grad(lambda y: lg(y).sum())(X), jax.grad(lambda y: g(y).sum())(X))
+            assert close(fx.vmap(lread)(X), jax.vmap(read)(X))
+            assert close(fx.grad(loss)(X), jax.grad(loss)(X)), step
+            assert close(fx.vmap(f)(X), X * scale)
+
+
+def test_a_loop_body_calling_a_custom_function_sees_its_redefined_rule():
+    """A functx.lax.scan body calling a jax.custom_vjp object whose rule is
+    redefined between calls: the staged body is keyed by what the object's
+    rules read (NOTE [staged bodies: one graph per code and closure]), so the
+    new rule is used (before: the graph staged with the first rule). The
+    oracle is the rule itself: JAX's own eager scan keeps its first jaxpr
+    here (cached per body function)."""
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    def body(c, x):
+        return c + f(x), None
+
+    for k in (1.0, 2.0, 3.0):
+        f.defvjp(lambda x: (jnp.sin(x), x), lambda x, g, k=k: (k * g * x,))
+        for _ in range(2):
+            assert close(fx.grad(lambda xs: fx.lax.scan(body, 0.0, xs)[0])(X), k * X)
+
+
+def test_a_jax_custom_function_closing_over_a_differentiated_value_is_refused():
+    """NOTE [custom functions closing over functx values] (interop.py): a
+    jax.custom_jvp / custom_vjp function called on plain arrays but closing
+    over the value functx differentiates cannot use its rule for it; JAX
+    raises, and so does functx (before: the body's derivative, the rule
+    silently ignored: 2 cos(x) here instead of an error). Closed over a
+    plain array, the rule is used (the oracle: JAX)."""
+    def outer(x, y):
+        @jax.custom_vjp
+        def f(y):
+            return jnp.sin(x) * y
+
+        f.defvjp(lambda y: (f(y), None), lambda _, g: (g * 100.0,))
+
+        @jax.custom_jvp
+        def h(y):
+            return jnp.sin(x) * y
+
+        h.defjvp(lambda p, t: (h(*p), t[0] * 100.0))
+        return f(y) + h(y)
+
+    two = jnp.asarray(2.0)
+    for transform in (lambda fn: fx.grad(fn)(0.5), lambda fn: fx.jvp(fn, (0.5,), (1.0,))):
+        with pytest.raises(fx.FunctxError, match="closes over a value .* being differentiated"):
+            transform(lambda x: outer(x, two))
+    with pytest.raises(Exception):  # JAX's own error (an escaped tracer)
+        jax.grad(lambda x: outer(x, two))(0.5)
+    x = jnp.asarray(0.5)
+    for _ in range(2):
+        assert close(fx.grad(lambda y: outer(x, y))(two), jax.grad(lambda y: outer(x, y))(two))
+        assert close(fx.grad(lambda y: outer(x, y))(two), 200.0)
+
+    @jax.custom_jvp
+    def branchy(y):  # Python control flow on its (concrete) arguments, as JAX allows
+        return y * 2.0 if float(y.sum()) > 0 else y * 3.0
+
+    branchy.defjvp(lambda p, t: (branchy(*p), t[0] * 10.0))
+    loss = lambda x: jnp.sum(x * branchy(jnp.asarray([1.0, -2.0])))  # noqa: E731
+    for _ in range(2):
+        assert close(fx.grad(loss)(X[:2]), jax.grad(loss)(X[:2]))
+
+
 def test_jax_device_put_on_functx_values_is_the_identity_as_in_jax():
     """`jax.device_put` of functx values, bare or in a pytree beside JAX
     arrays, with no placement or with the default device: the identity on
