@@ -118,10 +118,19 @@ class WeakRef:
         return self.ref() is not None
 
 
+class WeaklyKeyed:
+    """A base class for objects that primitive parameters hold and that may
+    hold a user's values (custom-rule objects: their rules' closures): held
+    weakly in cache keys (`weak_key_part`), as staged Graphs are, so a key
+    seen once does not keep them alive."""
+
+    __slots__ = ()
+
+
 def _weak_types():
     from .interpreters.staging import Graph
 
-    return (Graph,)
+    return (Graph, WeaklyKeyed)
 
 
 def weak_key_part(value, types=None):
@@ -144,6 +153,10 @@ def _refs(key, out):
     elif type(key) is tuple:
         for k in key:
             _refs(k, out)
+    else:
+        parts = getattr(key, "weak_parts", None)  # a key part naming objects weakly itself
+        if parts is not None:
+            out.extend(parts())
     return out
 
 

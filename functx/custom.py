@@ -57,6 +57,7 @@ import numpy as np
 from jax import tree_util
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
+from .caches import WeaklyKeyed
 from .core import Tracer, Zero, aval_of, bind, interpreter_stack
 from .errors import FunctxTypeError, FunctxValueError
 from .interpreters.staging import Graph, stage
@@ -303,7 +304,7 @@ def _jax_call(rule, primals):
     return tree_util.tree_leaves(rule.owner._jax_version()(*full))
 
 
-class _UserRule:
+class _UserRule(WeaklyKeyed):
     """What the rule objects (NOTE [custom derivative rules]) of
     functx.custom_jvp and functx.custom_vjp functions share: the owner, its
     staged function for one argument signature, and the JAX twin's call."""

@@ -137,7 +137,7 @@ class Program:
             while isinstance(v, jcore.Var) and v not in names:
                 names.append(v)
                 v = outer.get(v)
-            if isinstance(v, jcore.Tracer):
+            if isinstance(v, jcore.Tracer) or type(v) in TRACER_TYPES:
                 names.append(v)
             return tuple(names)
 
@@ -145,7 +145,7 @@ class Program:
             scope = {}
             for v, c in zip(jaxpr.constvars, consts, strict=True):
                 scope[v] = new_slot(c)
-                if isinstance(c, jcore.Tracer):
+                if isinstance(c, jcore.Tracer) or type(c) in TRACER_TYPES:
                     outer[v] = c
             for v, s in zip(jaxpr.invars, in_slots, strict=True):
                 scope[v] = s
@@ -324,6 +324,15 @@ def _foreign(jax_prim, vals, params):
 # cannot be walked (too many values, a `nonlocal` assignment) is keyed by
 # identity, as jax.jit keys a function. Library functions (JAX's, functx's)
 # are keyed by identity and not walked.
+#
+# A program of user code holds what the code closed over (arrays, the
+# custom object and its rules, which JAX's equation keeps), so a key naming
+# them weakly would never let them die while the entry lives: a custom
+# function defined anew at every call (inside the function being
+# differentiated) would keep every call's closure until the cache's bound.
+# So such a program is cached only when its key is met a second time
+# (`_SEEN`, holding keys alone): code defined per call is staged per call,
+# as JAX traces it per call, and holds nothing afterwards.
 _CACHE = caches.Cache("lifted programs", limit=2048,
                       doc="functx.lift / JAX code on functx values: one staged program per "
                           "function, static arguments and input avals")
@@ -363,6 +372,7 @@ def call_lifted(fn, args, kwargs, replay=False):
     key_parts = []
     dynamic = []
     customs = []
+    user = False  # a user function among the leaves
     for leaf in leaves:
         if type(leaf) in TRACER_TYPES:
             dynamic.append(leaf)
@@ -371,7 +381,9 @@ def call_lifted(fn, args, kwargs, replay=False):
             dynamic.append(leaf)
             key_parts.append(aval_of(leaf))
         elif type(leaf) is _FunctionType:
-            key_parts.append(_reads_key(leaf))
+            part = _reads_key(leaf)
+            user = user or type(part) is _ReadsKey
+            key_parts.append(part)
         elif isinstance(leaf, _CUSTOM_TYPES):  # NOTE [lifting]: checked on a hit
             key_parts.append(_reads_key(leaf))
             customs.append(leaf)
@@ -390,11 +402,26 @@ def call_lifted(fn, args, kwargs, replay=False):
         entry = None  # rules redefined since it was staged: staged again, replacing it
     if entry is None:
         entry, cacheable = _stage(treedef, leaves, key_parts)
-        if key is not None and cacheable:
+        if key is not None and cacheable and (not (customs or user) or _seen_before(key)):
             if customs:
                 entry.rules = _held_rules(customs)
             _CACHE.put(key, entry)
     return entry(dynamic)
+
+
+def _seen_before(key):
+    """Was `key` staged before? (NOTE [lifted functions keyed by what they
+    read]: a program of user code is cached at its second sighting.)"""
+    if key in _SEEN.entries:
+        _SEEN._drop(key)
+        return True
+    _SEEN.put(key, True)
+    return False
+
+
+_SEEN = caches.Cache("lifted user code seen once", limit=4096,
+                     doc="functx.lift / JAX custom functions: keys of user code staged once "
+                         "(held weakly), cached when met again")
 
 
 _CUSTOM_TYPES = (jcustom.custom_jvp, jcustom.custom_vjp)
@@ -508,6 +535,29 @@ class _ReadsKey:
                 return False
         return True
 
+    def weak_parts(self):
+        """What the key names weakly, for `caches.Cache` to drop the entry
+        once one of them dies (an entry never found again would hold the
+        program, and the arrays it baked in, until evicted)."""
+        from .lax import _Ident
+
+        parts = [_Weak(r) for r in self.arrays]
+        todo = [self.key]
+        while todo:
+            k = todo.pop()
+            if type(k) is tuple:
+                todo.extend(k)
+            elif type(k) is _Ident and k.ref is not None:
+                parts.append(_Weak(k.ref))
+        return parts
+
+
+class _Weak:
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
 
 def _reads_key(obj):
     """The key part of a function or custom object among a lifted call's
@@ -553,7 +603,9 @@ def _stage(treedef, leaves, key_parts):
     # (NOTE [callbacks run when the program runs] in primitives/callback.py).
     with jconfig.eager_constant_folding(False):
         closed = jax.make_jaxpr(flat_fn)(*avals)
-    cacheable = not any(isinstance(c, jcore.Tracer) for c in closed.consts)
+    # (a program holding a value of a transform, JAX's or functx's, is for this call only)
+    cacheable = not any(isinstance(c, jcore.Tracer) or type(c) in TRACER_TYPES
+                        for c in closed.consts)
     return _Staged(Program(closed), outputs["tree"], outputs["static"]), cacheable
 
 

@@ -562,23 +562,28 @@ def test_a_custom_vjp_equation_whose_unused_outputs_jax_dropped():
                             jax.grad(g, argnums=(0, 1))(0.1, -1.3))})
 
 
-def test_a_jax_rule_closing_over_a_functx_value_is_refused_by_name():
-    """A jax.custom_jvp / custom_vjp whose rule reads a value of an
-    enclosing functx transform through its closure: functx cannot hand it
-    to the rule JAX traces, and says so (an internal AssertionError before)."""
-    def h(z):
-        def f(x):
-            @jax.custom_jvp
-            def g(y):
-                return x * y
+def test_a_jax_rule_closing_over_a_value_of_an_enclosing_functx_transform_gets_it():
+    """A jax.custom_jvp / custom_vjp defined inside a functx transform whose
+    function and rule read a value of that transform through their closure
+    (a vmap's batched value): the function's own read makes it one of the
+    lifted call's inputs, and the rule JAX traces later gets that input in
+    its place (`_closure_as_inputs`), batched as the call is. Equal to JAX
+    (before: refused by name; before that an internal AssertionError, or,
+    called on plain arrays, the body's derivative instead of the rule's). A
+    rule reading a value the function does not read is refused by name."""
+    def mk(T):
+        def h(z):
+            def f(x):
+                @jax.custom_jvp
+                def g(y):
+                    return x * y
 
-            g.defjvp(lambda p, t: (x * p[0], x * t[0]))
-            return g(z)
+                g.defjvp(lambda p, t: (x * p[0], x * t[0] * 3.0))  # not the body's: 3x
+                return g(z)
 
-        return fx.vmap(f)(jnp.arange(3.0))
+            return T.vmap(f)(jnp.arange(3.0))
 
-    with pytest.raises(fx.FunctxError, match="custom_jvp function `g`.*explicit argument"):
-        fx.jvp(h, (1.0,), (2.0,))
+        return h
 
     def outer(x):
         @jax.custom_vjp
@@ -588,8 +593,38 @@ def test_a_jax_rule_closing_over_a_functx_value_is_refused_by_name():
         f.defvjp(lambda y: (f(y), (x, jnp.cos(y))), lambda res, g: (res[1] * g * res[0],))
         return f
 
-    with pytest.raises(fx.FunctxError, match="custom_vjp function `f`.*explicit argument"):
-        fx.vmap(lambda x: fx.grad(outer(x))(3.0))(jnp.arange(3.0))
+    def make(x):
+        @jax.custom_jvp
+        def f(y):
+            return jnp.sin(x) * jnp.abs(y)
+
+        f.defjvp(lambda p, t: (f(*p), jnp.sin(x) * 7.0 * t[0]))
+        return f
+
+    xs, y0 = jnp.linspace(0.1, 1.0, 3), jnp.asarray(0.3)
+    cases = {
+        "jvp(vmap)": lambda T: T.jvp(mk(T), (1.0,), (2.0,)),
+        "vmap(grad) custom_vjp": lambda T: T.vmap(lambda x: T.grad(outer(x))(3.0))(xs),
+        "grad(vmap) custom_vjp": lambda T: T.grad(
+            lambda y: T.vmap(lambda x: outer(x)(y))(xs).sum())(3.0),
+        "vmap(grad) custom_jvp": lambda T: T.vmap(lambda x: T.grad(make(x))(y0))(xs),
+        "grad(vmap) custom_jvp": lambda T: T.grad(
+            lambda y: T.vmap(lambda x: make(x)(y))(xs).sum())(y0),
+    }
+    for name, case in cases.items():
+        for _ in range(2):
+            _check({name: (case(fx), case(jax))}, tol=1e-6)
+
+    def bwd_only(x):
+        @jax.custom_vjp
+        def f(y):
+            return y * 2.0
+
+        f.defvjp(lambda y: (f(y), None), lambda _, g: (g * x,))
+        return f
+
+    with pytest.raises(fx.FunctxError, match="custom_vjp function `f`.*neither takes nor reads"):
+        fx.vmap(lambda x: fx.grad(bwd_only(x))(3.0))(xs)
 
 
 def test_errors():

@@ -68,6 +68,7 @@ import jax
 import jax.extend.core
 import numpy as np
 
+from ..caches import WeaklyKeyed
 from ..core import Tracer, Zero, aval_of, bind, is_inexact_dtype, new_interpreter
 from ..errors import FunctxRuntimeError, MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
@@ -212,7 +213,7 @@ def _to_front(vals, dims):
             tuple(None if d is None else 0 for d in dims))
 
 
-class _BatchedRule:
+class _BatchedRule(WeaklyKeyed):
     """Common part of the batched rule objects (NOTE [batched custom
     rules]). Reusing the vmap's own interpreter is possible only while it
     runs and is above every value handed to the rule."""
@@ -494,7 +495,7 @@ shape_rules[custom_vjp_call] = _call_shape
 transpose_rules[custom_vjp_call] = _call_transpose
 
 
-class Lin:
+class Lin(WeaklyKeyed):
     """The params of one `custom_lin`: which rule's bwd it transposes to,
     the residuals' structure and avals, which primals have tangents
     (`nonzero`) and which outputs get one (the floating ones). Interned per
@@ -727,7 +728,7 @@ def _graph_of(closed_jaxpr, in_tracers=None, rule=None):
         return graph_of_jaxpr(closed_jaxpr, in_tracers)
 
 
-class _LiftedJVPRule:
+class _LiftedJVPRule(WeaklyKeyed):
     """The jvp rule of a JAX custom_jvp_call: JAX's `jvp_jaxpr_fun`, traced
     on first use (with every tangent instantiated), as a Graph.
 
@@ -799,7 +800,10 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
     `what` names the user's rule the jaxpr was traced from, for errors."""
     from jax._src import core as jcore
 
-    if not any(isinstance(c, jcore.Tracer) for c in consts):
+    def traced(c):  # a value of a trace: JAX's, or a functx transform's
+        return isinstance(c, (jcore.Tracer, Tracer))
+
+    if not any(traced(c) for c in consts):
         return jax.extend.core.ClosedJaxpr(jaxpr, consts), (), None
     index = {}  # by id: the names are held alive by `operands`
     for i, names in enumerate(operands):
@@ -812,7 +816,7 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
         constvars, invars = invars[:len(consts)], invars[len(consts):]
     kept_vars, kept, moved, tracers, picks = [], [], [], [], []
     for v, c in zip(constvars, consts, strict=True):
-        if not isinstance(c, jcore.Tracer):
+        if not traced(c):
             kept_vars.append(v)
             kept.append(c)
             continue
@@ -822,9 +826,10 @@ def _closure_as_inputs(jaxpr, consts, operands, rule, what):
         if i is None:
             raise MissingRuleError(
                 f"differentiating {rule.kind} function `{rule.name}` (lifted from JAX): "
-                f"its JAX {what} reads a traced value ({c.aval.str_short()}) that is not "
-                "an input of the function, so functx cannot supply it once JAX's trace "
-                "has finished. Pass that value to the function as an argument, or "
+                f"its JAX {what} reads a traced value ({aval_of(c).str_short()}) that the "
+                "function neither takes nor reads itself, so functx cannot supply it to "
+                "the rule (a value of a finished JAX trace, or of an enclosing functx "
+                "transform). Pass that value to the function as an argument, or "
                 f"write the function with functx.{rule.kind}."
             )
         moved.append(v)
@@ -898,7 +903,7 @@ def _float0():
     return np.dtype(jax.dtypes.float0)
 
 
-class _LiftedVJPRule:
+class _LiftedVJPRule(WeaklyKeyed):
     """fwd and bwd of a JAX custom_vjp_call: the fwd jaxpr (traced on first
     use, every input marked perturbed) and JAX's bwd function (traced per
     residual avals), as Graphs.
