@@ -822,6 +822,19 @@ def install():
     except (ImportError, AttributeError):  # pragma: no cover
         pass
 
+    # jax.closure_convert hoists the values a function closes over that may
+    # carry a derivative (JAX's tracers) into explicit arguments, so that a
+    # custom_vjp function can take them (the idiom JAX documents for a
+    # custom rule over a closure). A functx value may carry one too: it is
+    # hoisted likewise, rather than left in the closure, where functx (as
+    # JAX) refuses to differentiate it.
+    maybe_perturbed = getattr(custom_derivatives, "_maybe_perturbed", None)
+    if maybe_perturbed is not None:
+        def _maybe_perturbed(x):
+            return type(x) in TRACER_TYPES or maybe_perturbed(x)
+
+        custom_derivatives._maybe_perturbed = _maybe_perturbed
+
 
 # --------------------------------------------------------------------------
 # NOTE [JAX collectives on functx values]

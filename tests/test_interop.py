@@ -7,6 +7,7 @@ optimistix). Every result against JAX's own transforms of the same program,
 float64."""
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -695,6 +696,41 @@ def test_a_loop_body_calling_a_custom_function_sees_its_redefined_rule():
         f.defvjp(lambda x: (jnp.sin(x), x), lambda x, g, k=k: (k * g * x,))
         for _ in range(2):
             assert close(fx.grad(lambda xs: fx.lax.scan(body, 0.0, xs)[0])(X), k * X)
+
+
+def test_jax_closure_convert_hoists_functx_values_into_arguments():
+    """jax.closure_convert (JAX's documented way to give a custom_vjp
+    function a closure it differentiates) hoists the closed-over values that
+    may carry a derivative into explicit arguments: functx values are
+    hoisted too, so the rule gets them (before: left in the closure, then
+    refused as a differentiated closure). Against jax.grad of the same
+    program; the rule (2x the true derivative) tells it from the body's."""
+    @partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def apply(fn, x, *args):
+        return jnp.tanh(fn(x, *args))
+
+    def fwd(fn, x, *args):
+        return apply(fn, x, *args), (x, args)
+
+    def bwd(fn, res, g):
+        x, args = res
+        _, pull = jax.vjp(lambda x, *a: jnp.tanh(fn(x, *a)), x, *args)
+        return tuple(2.0 * c for c in pull(g))
+
+    apply.defvjp(fwd, bwd)
+
+    def solve(c, x):
+        closure = lambda x: jnp.sum((x - c) ** 2) * jnp.sin(c[0])  # noqa: E731
+        converted, hoisted = jax.closure_convert(closure, x)
+        return apply(converted, x, *hoisted)
+
+    c, x = jnp.asarray([0.3, -0.2]), jnp.asarray([0.1, 0.4])
+    for _ in range(2):
+        got = fx.grad(solve, argnums=(0, 1))(c, x)
+        want = jax.grad(solve, argnums=(0, 1))(c, x)
+        assert all(close(a, b) for a, b in zip(got, want))
+    assert close(fx.vmap(fx.grad(solve), in_dims=(0, None))(jnp.stack([c, 2 * c]), x),
+                 jax.vmap(jax.grad(solve), in_axes=(0, None))(jnp.stack([c, 2 * c]), x))
 
 
 def test_a_jax_custom_function_closing_over_a_differentiated_value_is_refused():
