@@ -543,6 +543,15 @@ class _Snapshot:
             return self.custom(v), None, False
         if t in _LIBRARY_TYPES or isinstance(v, (type, _enum.Enum)):
             return self.ident(v), None, False
+        if self.key_only and t in (list, dict):
+            # (a lifted function's log or config: NOTE [lifted functions
+            # keyed by what they read]) by identity, and the arrays it holds
+            # by identity, its other contents assumed unchanged, as jax.jit
+            # assumes; a list the function appends to does not restage it
+            for x in _tree.tree_leaves(v):
+                if _is_array(x):
+                    self.arrays.append(x)
+            return ("Mut", self.ident(v)), None, False
         if not global_:
             return self.container(v)
         # A global list, dict or instance: by its contents where they can be

@@ -318,21 +318,25 @@ def _foreign(jax_prim, vals, params):
 # [staged bodies: one graph per code and closure] in functx/lax.py): its
 # code, and what its closure, defaults and globals hold, walked into the
 # functions and objects among them; arrays among those by identity (held
-# weakly), since the staged program holds them as constants. A function
-# reading a reassigned global array, a rule redefined with `defvjp`, a
-# rule reading a changed number are staged anew; a function whose reads
+# weakly), since the staged program holds them as constants; a list or
+# dict by identity and the arrays in it by identity (a log the function
+# appends to does not restage it; numbers changed inside one are assumed
+# unchanged, as jax.jit assumes). A function reading a reassigned global
+# array, a rule redefined with `defvjp`, a rule reading a changed number
+# are staged anew; a function whose reads
 # cannot be walked (too many values, a `nonlocal` assignment) is keyed by
 # identity, as jax.jit keys a function. Library functions (JAX's, functx's)
-# are keyed by identity and not walked.
+# are keyed by identity and not walked. A user function is keyed by its
+# identity too (held weakly), so its entry goes when it does, as before.
 #
-# A program of user code holds what the code closed over (arrays, the
-# custom object and its rules, which JAX's equation keeps), so a key naming
-# them weakly would never let them die while the entry lives: a custom
-# function defined anew at every call (inside the function being
-# differentiated) would keep every call's closure until the cache's bound.
-# So such a program is cached only when its key is met a second time
-# (`_SEEN`, holding keys alone): code defined per call is staged per call,
-# as JAX traces it per call, and holds nothing afterwards.
+# A program of a custom function holds the custom object's rules (JAX's
+# equation keeps them, and they usually call the object), so a key naming
+# the object weakly would never let it die while the entry lives: one
+# defined anew at every call (inside the function being differentiated)
+# would keep every call's closure until the cache's bound. So the program
+# of a custom object with rules of user code is cached only when its key is
+# met a second time (`_SEEN`, holding keys alone): one defined per call is
+# staged per call, as JAX traces it per call, and holds nothing afterwards.
 _CACHE = caches.Cache("lifted programs", limit=2048,
                       doc="functx.lift / JAX code on functx values: one staged program per "
                           "function, static arguments and input avals")
@@ -372,7 +376,7 @@ def call_lifted(fn, args, kwargs, replay=False):
     key_parts = []
     dynamic = []
     customs = []
-    user = False  # a user function among the leaves
+    user = False  # a custom object with rules of user code among the leaves
     for leaf in leaves:
         if type(leaf) in TRACER_TYPES:
             dynamic.append(leaf)
@@ -381,11 +385,11 @@ def call_lifted(fn, args, kwargs, replay=False):
             dynamic.append(leaf)
             key_parts.append(aval_of(leaf))
         elif type(leaf) is _FunctionType:
+            key_parts.append(_reads_key(leaf))
+        elif isinstance(leaf, _CUSTOM_TYPES):  # NOTE [lifting]: checked on a hit
             part = _reads_key(leaf)
             user = user or type(part) is _ReadsKey
             key_parts.append(part)
-        elif isinstance(leaf, _CUSTOM_TYPES):  # NOTE [lifting]: checked on a hit
-            key_parts.append(_reads_key(leaf))
             customs.append(leaf)
         else:
             key_parts.append(_StaticKey(leaf))
@@ -402,7 +406,7 @@ def call_lifted(fn, args, kwargs, replay=False):
         entry = None  # rules redefined since it was staged: staged again, replacing it
     if entry is None:
         entry, cacheable = _stage(treedef, leaves, key_parts)
-        if key is not None and cacheable and (not (customs or user) or _seen_before(key)):
+        if key is not None and cacheable and (not user or _seen_before(key)):
             if customs:
                 entry.rules = _held_rules(customs)
             _CACHE.put(key, entry)
@@ -516,12 +520,13 @@ class _ReadsKey:
     """A cache key part for a user function or custom object: what it
     reads (NOTE [lifted functions keyed by what they read])."""
 
-    __slots__ = ("key", "arrays", "_hash")
+    __slots__ = ("key", "arrays", "fn", "_hash")
 
-    def __init__(self, key, arrays):
+    def __init__(self, key, arrays, fn=None):
         self.key = key
         self.arrays = arrays  # weak references to the arrays read, in order
-        self._hash = hash(key)
+        self.fn = fn  # a weak reference to the function itself, or None
+        self._hash = hash(key) if fn is None else hash((key, id(fn())))
 
     def __hash__(self):
         return self._hash
@@ -529,6 +534,10 @@ class _ReadsKey:
     def __eq__(self, other):
         if type(other) is not _ReadsKey or self.key != other.key:
             return False
+        if self.fn is not None:
+            f = self.fn()
+            if f is None or other.fn is None or f is not other.fn():
+                return False
         for a, b in zip(self.arrays, other.arrays):
             x = a()
             if x is None or x is not b():
@@ -542,6 +551,8 @@ class _ReadsKey:
         from .lax import _Ident
 
         parts = [_Weak(r) for r in self.arrays]
+        if self.fn is not None:
+            parts.append(_Weak(self.fn))
         todo = [self.key]
         while todo:
             k = todo.pop()
@@ -575,7 +586,10 @@ def _reads_key(obj):
         return caches.WeakRef(obj)
     try:
         arrays = tuple(weakref.ref(a) for a in snap.arrays)
-        return _ReadsKey(snap.key, arrays)
+        # a function also by identity: its program is cached at once and
+        # dropped with it (a custom object's is cached at a second sighting)
+        fn = weakref.ref(obj) if type(obj) is _FunctionType else None
+        return _ReadsKey(snap.key, arrays, fn)
     except TypeError:  # an array that cannot be held weakly, or an unhashable part
         return caches.WeakRef(obj)
 
