@@ -445,25 +445,18 @@ def _has_functx(tree):
     return False
 
 
-def _lift_on_functx_values(fn, method=False):
-    """`fn`, called through `lift` when a functx value is among its
-    arguments (for a method: among the arguments after `self`)."""
+def _lift_on_functx_values(fn):
+    """`fn` (jnp.array, jnp.asarray), called through `lift` when a functx
+    value is in its first argument."""
     import functools
 
     from .lifting import call_lifted
 
-    if method:
-        @functools.wraps(fn)
-        def wrapper(self, *args, **kwargs):
-            if _has_functx((args, kwargs)):
-                return call_lifted(fn, (self, *args), kwargs)
-            return fn(self, *args, **kwargs)
-    else:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            if args and _has_functx(args[0]):
-                return call_lifted(fn, args, kwargs)
-            return fn(*args, **kwargs)
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if args and _has_functx(args[0]):
+            return call_lifted(fn, args, kwargs)
+        return fn(*args, **kwargs)
 
     return wrapper
 

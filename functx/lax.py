@@ -118,11 +118,11 @@ from .core import _ArrayImpl  # noqa: E402
 from .core import aval_of as _aval_of  # noqa: E402
 from .core import bind as _bind  # noqa: E402
 from .errors import FunctxTypeError as _TypeError  # noqa: E402
-from .lifting import _rules_of  # noqa: E402
 from .errors import FunctxValueError as _ValueError  # noqa: E402
 from .interpreters.staging import Graph as _Graph  # noqa: E402
 from .interpreters.staging import Var as _Var  # noqa: E402
 from .interpreters.staging import stage as _stage  # noqa: E402
+from .lifting import _rules_of  # noqa: E402
 from .primitives import control as _control  # noqa: E402
 from .primitives import elementwise as _ew  # noqa: E402
 from .primitives.common import scalar_like as _scalar_like  # noqa: E402
