@@ -57,6 +57,30 @@ interpreters/eval.py), and lifting caches the programs of JAX functions
   (`HOLD_CALLS`): it is likely one the calls leave once the steps land.
 * **Under the caller's JAX options.** See NOTE [JAX options off the
   calling thread] below.
+* **Shared between threads.** See NOTE [caches shared between threads].
+
+NOTE [caches shared between threads]
+Every cache is used by at least two threads: the calling thread (or several,
+when users run transforms on threads of their own) and the compile thread,
+whose builds stage through the same caches. The LRUs are
+`collections.OrderedDict`s, whose C implementation is not safe against a
+mutation from another thread while one of its own operations runs Python
+code: inserting, popping or moving a key compares it with the stored key of
+equal hash, and functx's keys compare in Python (`WeakRef`, the lifted
+functions' keys), so the interpreter may switch threads in the middle. Two
+threads putting or dropping equal keys at once then free the same node
+twice, and the process crashes later at an unrelated allocation (seen: a
+segmentation fault in CI, four threads running one lifted function's
+transforms; reproduced in tests/test_eager_caches.py). So every mutation of
+an LRU (insert, drop, move to the end, evict) happens under its cache's
+lock; lookups (`dict.get`, `in`) need none, dict itself being safe. The lock
+is never held while building a value, and weak-reference callbacks never
+wait for it (one may run inside a garbage collection triggered under the
+lock, on the same thread, in the middle of an operation): they record the
+dead key, and drop it at once only if the lock is free, else under the lock
+at the next insertion. The LRUs of functx.jit (shared functions), functx.lax
+(staged bodies) and primitives/control.py (compiled loops) follow the same
+rule with their own locks.
 
 NOTE [JAX options off the calling thread]
 JAX's options (`jax.enable_x64`, `jax.default_matmul_precision`,
@@ -188,6 +212,8 @@ class Cache:
         self.hits = self.misses = 0
         self._watch = {}  # stored key -> weak references watching its WeakRef parts
         self._dead = []  # stored keys whose referents died
+        # held for every mutation of `entries` (NOTE [caches shared between threads])
+        self.lock = threading.Lock()
         _REGISTRY[name] = self
 
     def get(self, key, default=None):
@@ -197,33 +223,41 @@ class Cache:
             return default
         self.hits += 1
         if len(self.entries) > self.half or self.bytes > self.half_bytes:  # see `half`
+            self._to_end(key)
+        return value
+
+    def _to_end(self, key):
+        with self.lock:
             try:
                 self.entries.move_to_end(key)
             except KeyError:  # evicted meanwhile by another thread
                 pass
-        return value
 
     def put(self, key, value, nbytes=None):
         entries = self.entries
-        if key in entries:
-            self._drop(key)
         stored = weak_key_part(key) if type(key) is tuple else key
         if nbytes is None:
             nbytes = self.size(value) if self.size is not None else 0
         if self.byte_limit is not None and nbytes > self.byte_limit:
+            self.pop(key)
             return  # larger than the whole cache: not kept
-        entries[stored] = value
-        self.sizes[stored] = nbytes
-        self.bytes += nbytes
-        if type(stored) is tuple:
-            self._watch_key(stored)
-        while self._dead:
-            self._drop(self._dead.pop())
-        while len(entries) > self.limit or (
-                self.byte_limit is not None and self.bytes > self.byte_limit and len(entries) > 1):
-            self._drop(next(iter(entries)))
+        watchers = self._watchers(stored) if type(stored) is tuple else None
+        with self.lock:  # NOTE [caches shared between threads]
+            if key in entries:
+                self._drop(key)
+            entries[stored] = value
+            self.sizes[stored] = nbytes
+            self.bytes += nbytes
+            if watchers:
+                self._watch[stored] = watchers
+            while self._dead:
+                self._drop(self._dead.pop())
+            while len(entries) > self.limit or (
+                    self.byte_limit is not None and self.bytes > self.byte_limit
+                    and len(entries) > 1):
+                self._drop(next(iter(entries)))
 
-    def _watch_key(self, stored):
+    def _watchers(self, stored):
         dead = self._dead
         watchers = []
         for part in _refs(stored, []):
@@ -232,10 +266,14 @@ class Cache:
                 # Only appends: the entry is dropped at the next insertion,
                 # never from inside a garbage collection.
                 watchers.append(weakref.ref(obj, lambda _, k=stored: dead.append(k)))
-        if watchers:
-            self._watch[stored] = watchers
+        return watchers
 
-    def _drop(self, key):
+    def pop(self, key):
+        """Drop `key`'s entry, if there is one."""
+        with self.lock:
+            self._drop(key)
+
+    def _drop(self, key):  # under `lock`
         self._watch.pop(key, None)
         try:
             self.entries.pop(key)
@@ -244,11 +282,12 @@ class Cache:
         self.bytes -= self.sizes.pop(key, 0)
 
     def clear(self):
-        self.entries.clear()
-        self.sizes.clear()
-        self._watch.clear()
-        self._dead.clear()
-        self.bytes = 0
+        with self.lock:
+            self.entries.clear()
+            self.sizes.clear()
+            self._watch.clear()
+            self._dead.clear()
+            self.bytes = 0
 
     def info(self):
         return {"entries": len(self.entries), "limit": self.limit, "bytes": self.bytes,
@@ -296,10 +335,7 @@ class RepeatCache(Cache):
         value = self.entries.get(key, _MISSING)
         if value is not _MISSING:
             if len(self.entries) > self.half or self.bytes > self.half_bytes:  # see `half`
-                try:
-                    self.entries.move_to_end(key)
-                except KeyError:
-                    pass
+                self._to_end(key)
             return value
         self.tick += 1
         if self.pending:
@@ -314,22 +350,26 @@ class RepeatCache(Cache):
         seen = counts.get(key, 0)
         if seen < self.after:
             stored = weak_key_part(key)
-            counts[stored] = seen + 1
-            counts.move_to_end(stored)
-            if len(counts) > self.count_limit:
-                counts.popitem(last=False)
+            with self.lock:  # NOTE [caches shared between threads]
+                counts[stored] = seen + 1
+                counts.move_to_end(stored)
+                if len(counts) > self.count_limit:
+                    counts.popitem(last=False)
             return None
         if hold and BACKGROUND:  # see `HOLD_CALLS`
             held = self.held
             first = held.get(key)
             if first is None:
-                held[weak_key_part(key)] = first = calls_begun
-                if len(held) > self.count_limit:
-                    held.pop(next(iter(held)))
+                first = calls_begun
+                with self.lock:
+                    held[weak_key_part(key)] = first
+                    if len(held) > self.count_limit:
+                        held.pop(next(iter(held)))
             if calls_begun - first < HOLD_CALLS:
                 return None
-        counts.pop(key, None)
-        self.held.pop(key, None)
+        with self.lock:
+            counts.pop(key, None)
+            self.held.pop(key, None)
         if not BACKGROUND:
             value, compile_fn = build()
             self.put(key, value, 0 if value is None or compile_fn is None
@@ -383,8 +423,9 @@ class RepeatCache(Cache):
 
     def clear(self):
         super().clear()
-        self.counts.clear()
-        self.held.clear()
+        with self.lock:
+            self.counts.clear()
+            self.held.clear()
         self.pending.clear()
         self.asked.clear()
 

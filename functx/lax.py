@@ -266,25 +266,31 @@ class _Ident:
 
 class _StagedCache:
     """The bounded LRU of staged bodies: key -> `(graph, out_tree)` or
-    `_PLAIN` (NOTE [staged bodies: one graph per code and closure])."""
+    `_PLAIN` (NOTE [staged bodies: one graph per code and closure]).
+    Mutated only under `lock` (NOTE [caches shared between threads] in
+    caches.py)."""
 
     def __init__(self, limit):
         self.limit = limit
         self.entries = _OrderedDict()
         self.idents = {}  # key -> its armed _Idents (to find dead keys)
-        self.lock = _threading.RLock()
+        self.lock = _threading.Lock()
+        self.died = False  # an armed _Ident's object died since the last purge
 
     def get(self, key):
-        with self.lock:
-            hit = self.entries.get(key, _MISSING)
-            if hit is not _MISSING:
-                self.entries.move_to_end(key)
-            return hit
+        hit = self.entries.get(key, _MISSING)
+        if hit is not _MISSING:
+            with self.lock:
+                try:
+                    self.entries.move_to_end(key)
+                except KeyError:  # dropped meanwhile by another thread
+                    pass
+        return hit
 
     def put(self, key, value, idents):
+        for i in idents:
+            i.arm()
         with self.lock:
-            for i in idents:
-                i.arm()
             self.entries[key] = value
             self.entries.move_to_end(key)
             if idents:
@@ -292,15 +298,31 @@ class _StagedCache:
             while len(self.entries) > self.limit:
                 old, _ = self.entries.popitem(last=False)
                 self.idents.pop(old, None)
+            self._purge()
 
     def drop_dead(self, _ref=None):
-        """Drop the entries whose key names an object that died (a weak
-        reference's callback, so it may run inside another call here)."""
-        with self.lock:
-            for k, ids in list(self.idents.items()):
-                if any(i.get() is None for i in ids):
-                    self.entries.pop(k, None)
-                    self.idents.pop(k, None)
+        """An armed _Ident's object died (a weak reference's callback, so
+        it may run inside a garbage collection on a thread that holds
+        `lock`, in the middle of an operation on `entries`): purge now if
+        the lock is free, else at the next insertion."""
+        self.died = True
+        try:
+            if self.lock.acquire(blocking=False):
+                try:
+                    self._purge()
+                finally:
+                    self.lock.release()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
+
+    def _purge(self):  # under `lock`
+        if not self.died:
+            return
+        self.died = False
+        for k, ids in list(self.idents.items()):
+            if any(i.get() is None for i in ids):
+                self.entries.pop(k, None)
+                self.idents.pop(k, None)
 
     def __len__(self):
         return len(self.entries)

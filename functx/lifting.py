@@ -417,7 +417,7 @@ def _seen_before(key):
     """Was `key` staged before? (NOTE [lifted functions keyed by what they
     read]: a program of user code is cached at its second sighting.)"""
     if key in _SEEN.entries:
-        _SEEN._drop(key)
+        _SEEN.pop(key)
         return True
     _SEEN.put(key, True)
     return False

@@ -1179,3 +1179,74 @@ def test_a_full_collection_overdue_at_import_runs_before_the_first_call():
     if out == "skip":
         pytest.skip("no generational full collections to move on this Python")
     assert out == "['functx-collect'] 0 []", out  # run there; the thread has ended
+
+
+# Keys whose equality runs Python (as functx's `WeakRef` and lifted-function
+# keys do), put, looked up and dropped by four threads at once, with the
+# interpreter switching threads as often as it can: each LRU of functx's
+# caches must stay whole (NOTE [caches shared between threads] in
+# functx/caches.py). Unlocked, CPython's OrderedDict frees a node twice and
+# the process crashes: hence a child process.
+_CACHES_ON_THREADS = """
+import importlib, sys, threading, time
+from functx import caches, lax
+from functx.primitives import control
+jit = importlib.import_module("functx.transforms.jit")
+
+class Key:
+    __slots__ = ("v", "__weakref__")
+    def __init__(self, v):
+        self.v = v
+    def __hash__(self):
+        return hash(self.v)
+    def __eq__(self, other):
+        for _ in range(8):  # a loop: the interpreter may switch threads here
+            pass
+        return type(other) is Key and self.v == other.v
+
+class Obj:
+    pass
+
+plain = caches.Cache("threads test", limit=3)
+repeat = caches.RepeatCache("threads test counts", after=5, limit=3, count_limit=3)
+jit_lru = jit._LRU("CACHE_SIZE")
+jit.CACHE_SIZE = 3
+control_lru = control._LRU(3)
+staged = lax._StagedCache(3)
+held = [Obj() for _ in range(4)]
+
+def work(seed):
+    n, end = 0, time.perf_counter() + 2.0
+    while time.perf_counter() < end:
+        n += 1
+        k, other = Key(n % 3), Key((n + 1) % 3)
+        plain.put(k, n)
+        plain.get(other)
+        plain.pop(other)
+        repeat.get(k, lambda: (None, None))
+        jit_lru.put(k, n)
+        jit_lru.get(other)
+        control_lru.put(k, n)
+        control_lru.get(other)
+        obj = held[(n + seed) % 4]
+        staged.put((k, lax._Ident(obj)), n, [lax._Ident(obj)])
+        staged.get((other, lax._Ident(obj)))
+
+sys.setswitchinterval(1e-6)
+threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert len(plain.entries) <= 3 and len(jit_lru) <= 3 and len(staged) <= 3
+print("whole")
+"""
+
+
+def test_caches_stay_whole_when_threads_put_and_drop_equal_keys_at_once():
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CACHES_ON_THREADS], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "FUNCTX_BACKGROUND_COMPILE": "0"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["whole"]

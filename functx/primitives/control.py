@@ -221,13 +221,16 @@ def _dims(flags):
 
 class _LRU:
     """A bounded mapping, least recently used entries dropped first;
-    `on_drop(key, value)` runs for each entry dropped to keep the bound."""
+    `on_drop(key, value)` runs for each entry dropped to keep the bound.
+    Mutated only under `lock` (NOTE [caches shared between threads] in
+    caches.py)."""
 
     def __init__(self, limit, on_drop=None):
         self.limit = limit
         self.on_drop = on_drop
         self.entries = collections.OrderedDict()
-        self.lock = threading.RLock()  # weak-reference callbacks may re-enter
+        self.lock = threading.Lock()
+        self.dead = []  # (key, value) pairs to drop while the key still maps to that value
 
     def get(self, key):
         with self.lock:
@@ -239,6 +242,7 @@ class _LRU:
     def put(self, key, value):
         dropped = []
         with self.lock:
+            self._purge()
             self.entries[key] = value
             self.entries.move_to_end(key)
             while len(self.entries) > self.limit:
@@ -248,9 +252,25 @@ class _LRU:
                 self.on_drop(k, v)
         return value
 
-    def pop(self, key):
-        with self.lock:
-            return self.entries.pop(key, None)
+    def drop_dead(self, key, value):
+        """Drop `key` if it still maps to `value` (a weak reference's
+        callback: it may run inside a garbage collection on a thread that
+        holds `lock`; then the entry goes at the next insertion)."""
+        self.dead.append((key, value))
+        try:
+            if self.lock.acquire(blocking=False):
+                try:
+                    self._purge()
+                finally:
+                    self.lock.release()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
+
+    def _purge(self):  # under `lock`
+        while self.dead:
+            key, value = self.dead.pop()
+            if self.entries.get(key) is value:
+                del self.entries[key]
 
     def __len__(self):
         return len(self.entries)
@@ -258,6 +278,7 @@ class _LRU:
     def clear(self):
         with self.lock:
             self.entries.clear()
+            self.dead.clear()
 
 
 # NOTE [compiled loops]
@@ -308,7 +329,7 @@ def _cached_jit(graph, key, lower, name):
     # programs of the steps around it (NOTE [one rounding per primitive])
     holder.fn = xla_cpu.jit_by_size(program, xla_cpu.sizes_in_graph(graph), eager=True)
     ident = id(holder)
-    _PROGRAMS.put(ident, weakref.ref(holder, lambda _: _PROGRAMS.pop(ident)))
+    _PROGRAMS.put(ident, weakref.ref(holder, lambda r: _PROGRAMS.drop_dead(ident, r)))
     return holder.fn
 
 

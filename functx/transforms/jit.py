@@ -288,13 +288,15 @@ SIGNATURE_CACHE_SIZE = 64  # signatures per entry: staged graphs, stateful progr
 
 class _LRU:
     """A map in least-recently-used order, bounded by the module attribute
-    named `bound` (read on each insertion)."""
+    named `bound` (read on each insertion). Mutated only under `lock`
+    (NOTE [caches shared between threads] in caches.py)."""
 
-    __slots__ = ("bound", "entries")
+    __slots__ = ("bound", "entries", "lock")
 
     def __init__(self, bound):
         self.entries = collections.OrderedDict()
         self.bound = bound
+        self.lock = threading.Lock()
 
     def __len__(self):
         return len(self.entries)
@@ -303,25 +305,25 @@ class _LRU:
         entries = self.entries
         value = entries.get(key)
         if value is not None:
-            try:
-                entries.move_to_end(key)
-            except KeyError:  # another thread dropped it meanwhile
-                pass
+            with self.lock:
+                try:
+                    entries.move_to_end(key)
+                except KeyError:  # another thread dropped it meanwhile
+                    pass
         return value
 
     def put(self, key, value):
         entries = self.entries
-        entries[key] = value
         bound = max(1, int(globals()[self.bound]))
-        while len(entries) > bound:
-            try:
+        with self.lock:
+            entries[key] = value
+            while len(entries) > bound:
                 entries.popitem(last=False)
-            except KeyError:
-                break
         return value
 
     def clear(self):
-        self.entries.clear()
+        with self.lock:
+            self.entries.clear()
 
 
 class _Funs:
