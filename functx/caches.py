@@ -223,15 +223,12 @@ class Cache:
             return default
         self.hits += 1
         if len(self.entries) > self.half or self.bytes > self.half_bytes:  # see `half`
-            self._to_end(key)
+            with self.lock:  # NOTE [caches shared between threads]
+                try:
+                    self.entries.move_to_end(key)
+                except KeyError:  # evicted meanwhile by another thread
+                    pass
         return value
-
-    def _to_end(self, key):
-        with self.lock:
-            try:
-                self.entries.move_to_end(key)
-            except KeyError:  # evicted meanwhile by another thread
-                pass
 
     def put(self, key, value, nbytes=None):
         entries = self.entries
@@ -335,7 +332,11 @@ class RepeatCache(Cache):
         value = self.entries.get(key, _MISSING)
         if value is not _MISSING:
             if len(self.entries) > self.half or self.bytes > self.half_bytes:  # see `half`
-                self._to_end(key)
+                with self.lock:  # NOTE [caches shared between threads]
+                    try:
+                        self.entries.move_to_end(key)
+                    except KeyError:  # evicted meanwhile by another thread
+                        pass
             return value
         self.tick += 1
         if self.pending:
