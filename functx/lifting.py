@@ -315,7 +315,7 @@ def _foreign(jax_prim, vals, params):
 # staged program baked in: a user function among the leaves (the function
 # `functx.lift` wraps, a jax.custom_jvp / custom_vjp object's function and
 # rules) is keyed by the snapshot functx.lax takes of a loop body (NOTE
-# [staged bodies: one graph per code and closure] in functx/lax.py): its
+# [staged bodies: one graph per code and closure] in functx/snapshot.py): its
 # code, and what its closure, defaults and globals hold, walked into the
 # functions and objects among them; arrays among those by identity (held
 # weakly), since the staged program holds them as constants; a list or
@@ -460,7 +460,7 @@ def _arrays_as_inputs(fn):
     """`(key part, snapshot)` staging the concrete arrays a user function
     reads as inputs (NOTE [lifted functions keyed by what they read]), or
     None where the snapshot cannot rebuild it."""
-    from .lax import _snapshot
+    from .snapshot import _snapshot
 
     snap = _snapshot(fn)
     if snap is None or not snap.arrays or not all(
@@ -613,7 +613,7 @@ class _ReadsKey:
         """What the key names weakly, for `caches.Cache` to drop the entry
         once one of them dies (an entry never found again would hold the
         program, and the arrays it baked in, until evicted)."""
-        from .lax import _Ident
+        from .snapshot import _Ident
 
         parts = [_Weak(r) for r in self.arrays]
         if self.fn is not None:
@@ -638,7 +638,7 @@ class _Weak:
 def _reads_key(obj):
     """The key part of a function or custom object among a lifted call's
     leaves (NOTE [lifted functions keyed by what they read])."""
-    from .lax import _LIBRARY_TYPES, _is_library_function, _snapshot
+    from .snapshot import _LIBRARY_TYPES, _is_library_function, _snapshot
 
     if type(obj) is _FunctionType:
         if _is_library_function(obj):

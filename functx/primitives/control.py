@@ -286,7 +286,7 @@ class _LRU:
 # program of its lowering, compiled once per graph and parameters and kept
 # on the graph (graph.cache), so it lives and dies with the graph: a body
 # staged once (NOTE [staged bodies: one graph per code and closure] in
-# functx/lax.py) compiles once, and the program of a body the user dropped
+# functx/snapshot.py) compiles once, and the program of a body the user dropped
 # goes with it. `_PROGRAMS` bounds how many are kept: it lists them (weakly),
 # least recently used first, and past `PROGRAMS_LIMIT` the oldest program
 # is released (compiled again if its graph is used again).
