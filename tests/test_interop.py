@@ -714,6 +714,13 @@ def test_a_lifted_function_reading_a_replaced_global_model_is_staged_once():
     for b in (0.5, -0.5, 2.0):
         namespace["params"] = {"w": namespace["params"]["w"], "b": jnp.asarray(b)}
         assert close(fx.grad(fx.lift(branchy))(x), jax.grad(branchy)(x)), b
+    # an input keeps the array's dtype and weak type: a weakly typed global
+    # leaves a bfloat16 argument bfloat16, a float64 NumPy one is float32
+    namespace["params"] = {"w": np.linspace(0.0, 1.0, 12).reshape(4, 3),
+                           "b": jnp.add(1.0, 2.0)}
+    xb = x.astype(jnp.bfloat16)
+    got, want = fx.grad(fx.lift(loss))(xb), jax.grad(loss)(xb)
+    assert got.dtype == want.dtype == jnp.bfloat16 and close(got, want)
 
 
 def test_a_loop_body_calling_a_custom_function_sees_its_redefined_rule():
