@@ -184,6 +184,21 @@ def _refs(key, out):
     return out
 
 
+def run_if_free(lock, fn):
+    """Run `fn()` under `lock` if no thread holds it now, this one
+    included: for weak-reference callbacks, which must never wait for a
+    cache's lock (NOTE [caches shared between threads]); what they leave
+    is done under the lock later."""
+    try:
+        if lock.acquire(blocking=False):
+            try:
+                fn()
+            finally:
+                lock.release()
+    except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+        pass
+
+
 class Cache:
     """An LRU from keys to values, bounded by `limit` entries and by
     `byte_limit` bytes (`size(value)`; 0 when no size is known). Keys may

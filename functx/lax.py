@@ -190,14 +190,7 @@ class _StagedCache:
         `lock`, in the middle of an operation on `entries`): purge now if
         the lock is free, else at the next insertion."""
         self.died = True
-        try:
-            if self.lock.acquire(blocking=False):
-                try:
-                    self._purge()
-                finally:
-                    self.lock.release()
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
-            pass
+        _caches.run_if_free(self.lock, self._purge)
 
     def _purge(self):  # under `lock`
         if not self.died:

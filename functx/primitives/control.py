@@ -59,7 +59,7 @@ import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
-from .. import xla_cpu
+from .. import caches, xla_cpu
 from ..core import Aval, Tracer, Zero, aval_of, bind, is_inexact_dtype, jax_zeros, new_interpreter
 from ..errors import MissingRuleError
 from ..interpreters.batching import BatchInterpreter, batch_graph
@@ -257,14 +257,7 @@ class _LRU:
         callback: it may run inside a garbage collection on a thread that
         holds `lock`; then the entry goes at the next insertion)."""
         self.dead.append((key, value))
-        try:
-            if self.lock.acquire(blocking=False):
-                try:
-                    self._purge()
-                finally:
-                    self.lock.release()
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
-            pass
+        caches.run_if_free(self.lock, self._purge)
 
     def _purge(self):  # under `lock`
         while self.dead:
@@ -1156,9 +1149,7 @@ batch_rules[platform_index_p] = lambda size, vals, dims, **params: (
     bind(platform_index_p, **params), None)
 
 
-def _register_caches():
-    from .. import caches  # NOTE [bounded caches]
-
+def _register_caches():  # NOTE [bounded caches]
     caches.register("compiled loops", _PROGRAMS.clear,
                     lambda: {"entries": len(_PROGRAMS), "limit": PROGRAMS_LIMIT})
     caches.register("lifted control-flow jaxprs", _LIFTED.clear,

@@ -58,6 +58,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
+from .. import caches
 from .. import random as _random
 from .. import xla_cpu
 from ..caches import options_id
@@ -391,13 +392,9 @@ def _on_death(key):
     def callback(_ref):
         try:
             _dead_keys.append(key)
-            if _cache_lock.acquire(blocking=False):  # held (maybe by this thread): later
-                try:
-                    _drop_dead()
-                finally:
-                    _cache_lock.release()
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown
-            pass
+            return
+        caches.run_if_free(_cache_lock, _drop_dead)  # held (maybe by this thread): later
 
     return callback
 
@@ -1045,8 +1042,6 @@ def make_graph(func, static_argnums=()):
 
 
 def _register_cache():
-    from .. import caches
-
     caches.register("jit programs", clear_cache, cache_info)  # NOTE [bounded caches]
 
 
