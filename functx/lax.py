@@ -190,7 +190,10 @@ class _StagedCache:
         `lock`, in the middle of an operation on `entries`): purge now if
         the lock is free, else at the next insertion."""
         self.died = True
-        _caches.run_if_free(self.lock, self._purge)
+        try:
+            _caches.run_if_free(self.lock, self._purge)
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown (module globals cleared)
+            pass
 
     def _purge(self):  # under `lock`
         if not self.died:

@@ -1250,3 +1250,35 @@ def test_caches_stay_whole_when_threads_put_and_drop_equal_keys_at_once():
                          text=True, timeout=300, env={**os.environ, "FUNCTX_BACKGROUND_COMPILE": "0"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["whole"]
+
+
+_EXIT_WITH_CACHES_FULL = """
+import jax, jax.numpy as jnp, functx as fx
+x = jnp.linspace(0.1, 0.9, 4)
+def f(v):  # globals of __main__: they die while the interpreter exits
+    return jnp.sin(v).sum()
+def body(c, y):
+    return c + jnp.sin(y), None
+def double(i, c):
+    return c * 2.0
+def lifted(v):
+    return jnp.tanh(v * x).sum()
+print(float(fx.jit(f)(x)))
+print(float(fx.grad(lambda v: fx.lax.scan(body, 0.0, v)[0])(x)[0]))
+print(float(fx.lax.fori_loop(0, 3, double, x)[0]))
+print(float(fx.grad(fx.lift(lifted))(x)[0]))
+"""
+
+
+def test_interpreter_exit_with_cached_entries_is_silent():
+    """The caches' weak-reference callbacks run at interpreter exit too,
+    when module globals may already be cleared: they must stay silent
+    (before: functx.jit's callback printed "Exception ignored ... 'NoneType'
+    object is not callable")."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-c", _EXIT_WITH_CACHES_FULL], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(run.stdout.split()) == 4
+    assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr

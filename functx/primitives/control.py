@@ -256,8 +256,11 @@ class _LRU:
         """Drop `key` if it still maps to `value` (a weak reference's
         callback: it may run inside a garbage collection on a thread that
         holds `lock`; then the entry goes at the next insertion)."""
-        self.dead.append((key, value))
-        caches.run_if_free(self.lock, self._purge)
+        try:
+            self.dead.append((key, value))
+            caches.run_if_free(self.lock, self._purge)
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown (module globals cleared)
+            pass
 
     def _purge(self):  # under `lock`
         while self.dead:

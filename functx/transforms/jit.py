@@ -392,9 +392,9 @@ def _on_death(key):
     def callback(_ref):
         try:
             _dead_keys.append(key)
-        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
-            return
-        caches.run_if_free(_cache_lock, _drop_dead)  # held (maybe by this thread): later
+            caches.run_if_free(_cache_lock, _drop_dead)  # held (maybe by this thread): later
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown (module globals cleared)
+            pass
 
     return callback
 
