@@ -432,17 +432,19 @@ def call_lifted(fn, args, kwargs, replay=False, rebuild=True):
         key, entry = None, None
     if entry is not None and entry.rules is not None and not _same_rules(entry.rules, customs):
         entry = None  # rules redefined since it was staged: staged again, replacing it
-    if rebuilt:
-        for _, snap in rebuilt:
-            dynamic.extend(snap.arrays)
+    for _, snap in rebuilt:
+        dynamic.extend(snap.arrays)
     if entry is None:
         try:
             entry, cacheable = _stage(treedef, leaves, key_parts, rebuilt)
-        except _CONCRETIZATION if not rebuilt else Exception:
-            if rebuilt:  # retried as written, which raises the user's errors
-                if key is not None:
-                    _AS_WRITTEN.put(key, True)
-                return _as_written(fn, args, kwargs, replay)
+        except Exception as e:  # noqa: BLE001 - retried below (outside, for a clean traceback)
+            if not rebuilt and not isinstance(e, _CONCRETIZATION):
+                raise
+        if entry is None and rebuilt:  # retried as written, which raises the user's errors
+            if key is not None:
+                _AS_WRITTEN.put(key, True)
+            return _as_written(fn, args, kwargs, replay)
+        if entry is None:
             # Python control flow on a concrete array the function reads,
             # which JAX's eager call computes: staged with operations on
             # constants evaluated, for this call only (it may hold a

@@ -714,6 +714,15 @@ def test_a_lifted_function_reading_a_replaced_global_model_is_staged_once():
     for b in (0.5, -0.5, 2.0):
         namespace["params"] = {"w": namespace["params"]["w"], "b": jnp.asarray(b)}
         assert close(fx.grad(fx.lift(branchy))(x), jax.grad(branchy)(x)), b
+    # a NumPy array changed in place between calls: each call reads it now,
+    # as JAX's eager call does (an input, never a constant baked in)
+    table = np.linspace(0.5, 1.5, 4).astype(np.float32)
+    namespace["table"] = table
+    exec("def scaled(x):\n    return jnp.sum(jnp.sin(x) * table)\n", namespace)
+    scaled = namespace["scaled"]
+    for k in (1.0, 2.0, -3.0):
+        table *= k
+        assert close(fx.grad(fx.lift(scaled))(x[0]), jax.grad(scaled)(x[0])), k
     # an input keeps the array's dtype and weak type: a weakly typed global
     # leaves a bfloat16 argument bfloat16, a float64 NumPy one is float32
     namespace["params"] = {"w": np.linspace(0.0, 1.0, 12).reshape(4, 3),
